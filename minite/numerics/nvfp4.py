@@ -151,10 +151,16 @@ def check_quantizable(x: torch.Tensor, block: Block = "1x16", name: str = "tenso
 def global_encode_scale(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """s_enc = 448·6 / amax in float32; amax == 0 (or an overflow to 0) gives 1.0, as in TE."""
     amax = amax.float()
-    s = torch.clamp(F8_F4_MAX / amax, max=FLOAT32_MAX)
+    # a tensor / tensor division, correctly rounded like TE's `fp8_max * fp4_max / global_amax`:
+    # `python_float / tensor` is torch's __rtruediv__ = reciprocal(amax) * 2688, two roundings,
+    # which is 1 ulp off for about a quarter of all amax values.
+    s = torch.clamp(torch.full_like(amax, F8_F4_MAX) / amax, max=FLOAT32_MAX)
     s = torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
     if spec.pow2_global:
-        s = torch.exp2(torch.floor(torch.log2(s)))
+        # largest power of two <= s, exactly: s = m·2^e with m in [0.5, 1) -> 2^(e-1). (exp2(floor(log2(s)))
+        # is wrong just below a power of two, where float32 log2 rounds up to the integer.)
+        _, e = torch.frexp(s)
+        s = torch.ldexp(torch.full_like(s, 0.5), e)
     return s
 
 
@@ -255,10 +261,18 @@ def quantize(
 
 def dequantize_unscaled(t: NVFP4Tensor) -> torch.Tensor:
     """e2m1 · float(block scale), float32, *without* the global scale. Exact (≤ 6 significant bits,
-    so also exact in bf16): this is what a W4A4 GEMM feeds its MMA; s_dec goes in the epilogue."""
+    so also exact in bf16): this is what a W4A4 GEMM feeds its MMA; s_dec goes in the epilogue.
+
+    Memoized on the tensor (weights are decoded once, not at every GEMM); treat NVFP4Tensor as
+    immutable."""
+    cached = t.__dict__.get("_unscaled")
+    if cached is not None:
+        return cached
     vals = e2m1_decode(unpack_fp4(t.qdata))
     *lead, k = vals.shape
-    return (vals.reshape(*lead, k // BLOCK, BLOCK) * t.scale.float().unsqueeze(-1)).reshape(vals.shape)
+    out = (vals.reshape(*lead, k // BLOCK, BLOCK) * t.scale.float().unsqueeze(-1)).reshape(vals.shape)
+    t.__dict__["_unscaled"] = out
+    return out
 
 
 def decode_scale(t: NVFP4Tensor) -> torch.Tensor:

@@ -1,0 +1,129 @@
+"""Checkpoints: safetensors only (never pickle), written atomically, verified by checksum on load.
+
+Layout of a checkpoint directory:
+    model.safetensors       trainer master weights (fp32)
+    optimizer.safetensors   AdamW state tensors, keyed "<param name>.<state key>"
+    state.json              step, optimizer hyper-parameters, anything JSON the caller adds
+    manifest.json           sha256 of every file above
+A checkpoint is written to `<dir>.tmp`, fsynced, then swapped in with renames, so a kill at any point
+leaves either the old or the new checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for p, state in optimizer.state.items():
+        for k, v in state.items():
+            t = v if isinstance(v, torch.Tensor) else torch.tensor(v)
+            out[f"{names[id(p)]}.{k}"] = t.detach().clone().contiguous()
+    return out
+
+
+def save_checkpoint(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
+) -> Path:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, tmp / "model.safetensors")
+    if optimizer is not None:
+        save_file(_optimizer_tensors(model, optimizer), tmp / "optimizer.safetensors")
+    (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    for f in tmp.iterdir():
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint at `path`, or the `.old` one a kill between the two renames left behind."""
+    path = Path(path)
+    for p in (path, path.with_name(path.name + ".old")):
+        if (p / "manifest.json").is_file():
+            return p
+    return None
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, str]:
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not mf.is_file():
+        raise CheckpointError(f"{path}: no manifest.json — not a complete miniTE checkpoint")
+    manifest = json.loads(mf.read_text())
+    for name, digest in manifest.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path}: {name} listed in the manifest is missing")
+        if _sha256(f) != digest:
+            raise CheckpointError(
+                f"{path}: checksum mismatch for {name} (file corrupted or partially written)"
+            )
+    return manifest
+
+
+def load_checkpoint(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    weights = load_file(path / "model.safetensors")
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    if optimizer is not None and "optimizer.safetensors" in manifest:
+        tensors = load_file(path / "optimizer.safetensors")
+        params = dict(model.named_parameters())
+        for key, v in tensors.items():
+            pname, k = key.rsplit(".", 1)
+            if pname not in params:
+                raise CheckpointError(f"{path}: optimizer state for unknown parameter {pname}")
+            optimizer.state[params[pname]][k] = v
+    return json.loads((path / "state.json").read_text())

@@ -1,0 +1,1 @@
+"""Trainer and sampler engines, and what crosses between them."""

@@ -1,0 +1,1 @@
+"""Tokenizer and model builders for the tiny reproduction."""

@@ -1,0 +1,22 @@
+"""Quantized layers and the module swap onto transformers' Qwen3-MoE."""
+
+from minite.nn.functional import LinearNumerics, SeedSource, qmm, quant_linear
+from minite.nn.linear import QuantLinear
+from minite.nn.moe import AlignedRouter, FP32RMSNorm, QuantExperts
+from minite.nn.swap import apply_numerics, decoder_layers, linear_numerics, quantized_modules, routers
+
+__all__ = [
+    "AlignedRouter",
+    "FP32RMSNorm",
+    "LinearNumerics",
+    "QuantExperts",
+    "QuantLinear",
+    "SeedSource",
+    "apply_numerics",
+    "decoder_layers",
+    "linear_numerics",
+    "qmm",
+    "quant_linear",
+    "quantized_modules",
+    "routers",
+]

@@ -1,0 +1,154 @@
+"""Quantized linear as an autograd.Function: fprop, dgrad and wgrad each quantized as the recipe says.
+
+    fprop  y  = x Wᵀ      operands x (M, K) and W (N, K), reduced over K
+    dgrad  dx = dy W      operands dy (M, N) and Wᵀ (K, N), reduced over N
+    wgrad  dW = dyᵀ x     operands dyᵀ (N, M) and xᵀ (K, M), reduced over M (tokens)
+
+Every GEMM quantizes both operands along its reduction dim (NVFP4 blocks run along K of the MMA) and
+calls the reference W4A4 GEMM (`nvfp4_matmul_ref`): exact e2m1·e4m3 products, fp32 accumulation, decode
+scales in the epilogue. A None spec runs that operand in high precision. On CUDA, the same call
+dispatches to the Triton kernels once they exist (minite.kernels); the reference stays the spec.
+
+Stochastic rounding draws come from a generator seeded per (layer seed, step, call), not from global
+RNG state, so a resumed run repeats the same draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minite.numerics import BLOCK, NVFP4Tensor, QuantSpec, dequantize, nvfp4_matmul_ref, quantize
+
+
+@dataclass(frozen=True)
+class LinearNumerics:
+    """Operand specs of the three GEMMs of one linear layer (None: high precision)."""
+
+    fprop_weight: QuantSpec | None = None
+    fprop_act: QuantSpec | None = None
+    dgrad_grad: QuantSpec | None = None
+    dgrad_weight: QuantSpec | None = None
+    wgrad_grad: QuantSpec | None = None
+    wgrad_act: QuantSpec | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.fprop_weight is not None or self.fprop_act is not None
+
+
+class SeedSource:
+    """Deterministic per-call generators for stochastic rounding."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.step = 0
+        self.calls = 0
+
+    def set_step(self, step: int) -> None:
+        self.step = int(step)
+        self.calls = 0
+
+    def next(self) -> torch.Generator:
+        self.calls += 1
+        g = torch.Generator()
+        g.manual_seed((self.seed * 1_000_003 + self.step * 7919 + self.calls) % (2**63 - 1))
+        return g
+
+
+def _q(x: torch.Tensor, spec: QuantSpec | None, seeds: SeedSource | None, name: str) -> NVFP4Tensor | None:
+    if spec is None:
+        return None
+    gen = seeds.next() if spec.rounding == "stochastic" and seeds is not None else None
+    if spec.rounding == "stochastic" and gen is None:
+        gen = torch.Generator().manual_seed(0)
+    return quantize(x, spec, generator=gen, name=name)
+
+
+def qmm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    spec_a: QuantSpec | None,
+    spec_b: QuantSpec | None,
+    seeds: SeedSource | None = None,
+    *,
+    qa: NVFP4Tensor | None = None,
+    qb: NVFP4Tensor | None = None,
+    name: str = "gemm",
+) -> torch.Tensor:
+    """a (M, K) @ b (N, K)ᵀ -> (M, N) float32, each operand quantized along K per its spec."""
+    qa = qa if qa is not None else _q(a, spec_a, seeds, f"{name}.a")
+    qb = qb if qb is not None else _q(b, spec_b, seeds, f"{name}.b")
+    if qa is not None and qb is not None:
+        return nvfp4_matmul_ref(qa, qb)
+    a_hp = dequantize(qa) if qa is not None else a.float()
+    b_hp = dequantize(qb) if qb is not None else b.float()
+    return a_hp @ b_hp.T
+
+
+def _pad_rows(x: torch.Tensor, multiple: int = BLOCK) -> torch.Tensor:
+    """Zero-pad dim 0 to a multiple of `multiple` (zeros change neither a sum nor an amax)."""
+    pad = (-x.shape[0]) % multiple
+    return F.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, qweight, numerics, seeds, out_dtype, name):  # noqa: D102
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        y = qmm(
+            x2, weight, numerics.fprop_act, numerics.fprop_weight, seeds, qb=qweight, name=f"{name}.fprop"
+        )
+        if bias is not None:
+            y = y + bias.float()
+        ctx.save_for_backward(x2, weight)
+        ctx.numerics, ctx.seeds, ctx.name = numerics, seeds, name
+        ctx.has_bias, ctx.x_dtype, ctx.lead = bias is not None, x.dtype, lead
+        return y.to(out_dtype).reshape(*lead, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):  # noqa: D102
+        x2, weight = ctx.saved_tensors
+        n = ctx.numerics
+        dy2 = dy.reshape(-1, dy.shape[-1]).float()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = qmm(
+                dy2, weight.T.contiguous(), n.dgrad_grad, n.dgrad_weight, ctx.seeds, name=f"{ctx.name}.dgrad"
+            )
+            dx = dx.to(ctx.x_dtype).reshape(*ctx.lead, weight.shape[1])
+        if ctx.needs_input_grad[1]:
+            dw = qmm(
+                _pad_rows(dy2).T.contiguous(),
+                _pad_rows(x2.float()).T.contiguous(),
+                n.wgrad_grad,
+                n.wgrad_act,
+                ctx.seeds,
+                name=f"{ctx.name}.wgrad",
+            ).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db, None, None, None, None, None
+
+
+def quant_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    numerics: LinearNumerics,
+    *,
+    qweight: NVFP4Tensor | None = None,
+    seeds: SeedSource | None = None,
+    name: str = "linear",
+) -> torch.Tensor:
+    """y = x Wᵀ (+ b) with the recipe's numerics. Output dtype: the autocast dtype when CPU/CUDA
+    autocast is on (as nn.Linear would give), else x's dtype."""
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    if not numerics.quantized:
+        return F.linear(x, weight, bias)
+    with torch.autocast(dev, enabled=False):
+        return QuantLinearFunction.apply(x, weight, bias, qweight, numerics, seeds, out_dtype, name)

@@ -1,0 +1,100 @@
+"""QuantLinear: nn.Linear that runs the recipe's NVFP4 numerics (see functional.py).
+
+Two modes:
+- training: the forward weight is quantized from the high-precision master `weight` (cached until the
+  optimizer changes it, tracked by the parameter's version counter);
+- packed: the layer holds an `NVFP4Tensor` received from elsewhere (a sampler receiving the trainer's
+  exact bytes, or a re-exported checkpoint) and never looks at `weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minite.nn.functional import LinearNumerics, SeedSource, quant_linear
+from minite.numerics import NVFP4Tensor, quantize
+
+
+class WeightQuantCache:
+    """Quantized copies of parameters (or slices of them), recomputed when the parameter changes."""
+
+    def __init__(self) -> None:
+        self._store: dict[object, tuple[tuple[int, int], NVFP4Tensor]] = {}
+
+    def get(self, key: object, param: torch.Tensor, w: torch.Tensor, spec, name: str) -> NVFP4Tensor:
+        stamp = (param._version, param.data_ptr())
+        hit = self._store.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        q = quantize(w.detach(), spec, name=name)
+        self._store[key] = (stamp, q)
+        return q
+
+    def clear(self) -> None:
+        self._store.clear()
+
+
+class QuantLinear(nn.Linear):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        *,
+        numerics: LinearNumerics,
+        seeds: SeedSource | None = None,
+        name: str = "linear",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.numerics = numerics
+        self.seeds = seeds
+        self.qname = name
+        self.packed: NVFP4Tensor | None = None
+        self._cache = WeightQuantCache()
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, numerics: LinearNumerics, seeds: SeedSource | None, name: str
+    ) -> QuantLinear:
+        """Swap in place of `linear`, sharing its parameters (no copy)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.numerics, new.seeds, new.qname = numerics, seeds, name
+        new.packed = None
+        new._cache = WeightQuantCache()
+        return new
+
+    def quantized_weight(self) -> NVFP4Tensor | None:
+        """The NVFP4 weight the forward GEMM uses (None when the weight runs in high precision)."""
+        if self.packed is not None:
+            return self.packed
+        if self.numerics.fprop_weight is None:
+            return None
+        return self._cache.get(
+            "w", self.weight, self.weight, self.numerics.fprop_weight, f"{self.qname}.weight"
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(
+            x,
+            self.weight,
+            self.bias,
+            self.numerics,
+            qweight=self.quantized_weight(),
+            seeds=self.seeds,
+            name=self.qname,
+        )
+
+    def extra_repr(self) -> str:
+        mode = "packed" if self.packed is not None else "master"
+        w = self.numerics.fprop_weight
+        a = self.numerics.fprop_act
+        wdesc = w and (w.block, w.scope, w.flavor)
+        adesc = a and (a.block, a.scope, a.flavor)
+        return f"{super().extra_repr()}, W={wdesc}, X={adesc}, {mode}"

@@ -1,0 +1,87 @@
+"""Module swap: put a recipe's numerics onto transformers' Qwen3-MoE, in place.
+
+Parameters are shared, not copied, so a real Qwen3-30B-A3B checkpoint loads into the model unchanged
+before or after the swap, and the optimizer sees the same tensors.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from minite.nn.functional import LinearNumerics, SeedSource
+from minite.nn.linear import QuantLinear
+from minite.nn.moe import AlignedRouter, FP32RMSNorm, QuantExperts
+from minite.recipes import NumericsSpec
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def linear_numerics(spec: NumericsSpec) -> LinearNumerics:
+    return LinearNumerics(
+        fprop_weight=spec.fprop_weight,
+        fprop_act=spec.fprop_act,
+        dgrad_grad=spec.dgrad_grad,
+        dgrad_weight=spec.dgrad_weight,
+        wgrad_grad=spec.wgrad_grad,
+        wgrad_act=spec.wgrad_act,
+    )
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    inner = getattr(model, "model", model)
+    if not hasattr(inner, "layers"):
+        raise TypeError(f"{type(model).__name__}: expected a Qwen3-MoE style model with .model.layers")
+    return inner.layers
+
+
+def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedSource:
+    """Swap quantized linears/experts and aligned non-GEMM ops into `model` per `spec`.
+
+    Returns the SeedSource driving stochastic rounding (call `.set_step(step)` every step).
+    """
+    seeds = SeedSource(seed)
+    if getattr(model, "_minite_numerics", None) is not None:
+        raise RuntimeError("apply_numerics: model already has miniTE numerics applied")
+    lin = linear_numerics(spec)
+    layers = decoder_layers(model)
+    n = len(layers)
+    for i, layer in enumerate(layers):
+        prefix = f"model.layers.{i}"
+        if spec.fp32_norm:
+            for norm_name in ("input_layernorm", "post_attention_layernorm"):
+                setattr(layer, norm_name, FP32RMSNorm(getattr(layer, norm_name)))
+            attn = layer.self_attn
+            attn.q_norm, attn.k_norm = FP32RMSNorm(attn.q_norm), FP32RMSNorm(attn.k_norm)
+        mlp = layer.mlp
+        if hasattr(mlp, "gate") and (spec.fp32_router or spec.deterministic_topk):
+            mlp.gate = AlignedRouter(mlp.gate, spec.fp32_router, spec.deterministic_topk)
+        if not spec.block_is_quantized(i, n):
+            continue
+        if spec.quantize_attention:
+            for p in _ATTN:
+                name = f"{prefix}.self_attn.{p}"
+                setattr(
+                    layer.self_attn, p, QuantLinear.from_linear(getattr(layer.self_attn, p), lin, seeds, name)
+                )
+        if spec.quantize_experts:
+            if hasattr(mlp, "experts"):
+                mlp.experts = QuantExperts(mlp.experts, lin, seeds, f"{prefix}.mlp.experts")
+            else:
+                for p in _DENSE_MLP:
+                    setattr(mlp, p, QuantLinear.from_linear(getattr(mlp, p), lin, seeds, f"{prefix}.mlp.{p}"))
+    if spec.fp32_norm:
+        inner = getattr(model, "model", model)
+        inner.norm = FP32RMSNorm(inner.norm)
+    model._minite_numerics = spec
+    model._minite_seeds = seeds
+    return seeds
+
+
+def quantized_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """name -> QuantLinear / QuantExperts, for export and diagnostics."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear | QuantExperts)}
+
+
+def routers(model: nn.Module) -> list[nn.Module]:
+    return [layer.mlp.gate for layer in decoder_layers(model) if hasattr(layer.mlp, "gate")]
