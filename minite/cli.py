@@ -1,0 +1,44 @@
+"""`minite <verb> ...`: one verb per workflow stage; each verb lives in its own module.
+
+Every verb parses its own arguments (`minite <verb> --help`), so a Snakemake rule is one line that
+calls one verb.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# verb -> "module:function"; the function takes argv (list[str]) and returns an exit code.
+VERBS: dict[str, tuple[str, str]] = {
+    "prepare": ("minite.commands.prepare:main", "build task data, tokenizer and the SFT-warm-started base model"),
+    "train": ("minite.commands.train:main", "GRPO RL with a recipe (trainer + sampler engines)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(v) for v in VERBS)
+    lines = ["usage: minite <verb> [options]", "", "verbs:"]
+    lines += [f"  {v.ljust(width)}  {help_}" for v, (_, help_) in VERBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        import difflib
+
+        close = difflib.get_close_matches(verb, list(VERBS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"minite: unknown verb {verb!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func = VERBS[verb][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `minite` CLI verb (see minite/cli.py)."""

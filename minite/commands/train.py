@@ -1,0 +1,70 @@
+"""`minite train`: GRPO with one recipe and one seed.
+
+Either a full train config (`--config run.yaml`) or a workflow profile (`--profile configs/tiny.yaml`)
+whose `rl:` section is combined with `--recipe`, `--seed` and the paths given on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from minite.commands.common import add_set_arg, load_profile, parse_set, run_guarded
+from minite.configuration import ConfigError, deep_merge, from_dict, load_yaml
+
+
+def build_config(args: argparse.Namespace):
+    from minite.rl.loop import TrainConfig
+
+    overrides = parse_set(args.set)
+    if args.config:
+        data = load_yaml(args.config)
+        where = args.config
+    elif args.profile:
+        profile = load_profile(args.profile)
+        if "rl" not in profile:
+            raise ConfigError(f"{args.profile}: profile has no 'rl' section")
+        data = dict(profile["rl"])
+        where = f"{args.profile}: rl"
+    else:
+        raise ConfigError("give --config RUN.yaml or --profile PROFILE.yaml")
+    for key in ("model_dir", "data_dir", "out_dir", "recipe", "seed", "steps"):
+        val = getattr(args, key)
+        if val is not None:
+            data[key] = val
+    data = deep_merge(data, overrides)
+    return from_dict(TrainConfig, data, where=where)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="minite train", description=__doc__)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--config", help="train config YAML (all fields of TrainConfig)")
+    src.add_argument("--profile", help="workflow profile YAML; its `rl:` section is used")
+    p.add_argument("--recipe", help="recipe name (bf16, te_nvfp4, minite) or recipe YAML path")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--model-dir", dest="model_dir")
+    p.add_argument("--data-dir", dest="data_dir")
+    p.add_argument("--out", dest="out_dir")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint if present")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--mlflow-experiment", help="log the run to MLflow under this experiment")
+    p.add_argument("--mlflow-run-name")
+    add_set_arg(p)
+    args = p.parse_args(argv)
+
+    def go() -> int:
+        from minite.rl.loop import train
+
+        cfg = build_config(args)
+        summary = train(cfg, resume=args.resume, progress=not args.no_progress)
+        if args.mlflow_experiment:
+            from minite.tracking import log_run_dir
+
+            log_run_dir(Path(cfg.out_dir), experiment=args.mlflow_experiment, run_name=args.mlflow_run_name)
+        print(f"minite train: {cfg.recipe} seed {cfg.seed}: reward {summary['reward_first']:.3f} -> "
+              f"{summary['reward_last']:.3f}, mean |Δlogp| {summary['logp_abs_diff_mean_avg']:.3e}")
+        return 0
+
+    return run_guarded(go)

@@ -1,0 +1,1 @@
+"""RL: GRPO/DAPO loss, rollout batches, rewards, tasks."""

@@ -1,0 +1,334 @@
+"""Tests of minite.rl.grpo: config validation, group advantages, the clipped loss, its gradient, TIS, KL."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minite.rl.grpo import GRPOConfig, group_advantages, grpo_loss, zero_variance_groups
+
+F64 = torch.float64
+LN = math.log
+
+# --------------------------------------------------------------------------------------------------
+# config
+
+
+def test_config_defaults_and_frozen():
+    cfg = GRPOConfig()
+    assert (cfg.group_size, cfg.clip_low, cfg.clip_high, cfg.loss_agg) == (8, 0.2, 0.28, "token-mean")
+    assert (cfg.kl_coef, cfg.tis, cfg.tis_cap, cfg.adv_eps, cfg.scale_adv_by_std) == (
+        0.0,
+        False,
+        2.0,
+        1e-6,
+        True,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.clip_low = 0.1  # type: ignore[misc]
+    GRPOConfig(loss_agg="seq-mean-token-mean", tis=True, tis_cap=5, kl_coef=0.01, group_size=2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"group_size": 1}, "group_size"),
+        ({"group_size": 4.0}, "group_size"),
+        ({"group_size": True}, "group_size"),
+        ({"clip_low": 1.0}, "clip_low"),
+        ({"clip_low": -0.1}, "clip_low"),
+        ({"clip_high": -0.1}, "clip_high"),
+        ({"clip_high": math.inf}, "clip_high"),
+        ({"clip_low": "0.2"}, "clip_low"),
+        ({"loss_agg": "seq-mean-token-sum"}, "loss_agg"),
+        ({"kl_coef": -1e-3}, "kl_coef"),
+        ({"kl_coef": math.nan}, "kl_coef"),
+        ({"tis": 1}, "tis"),
+        ({"tis_cap": 0.0}, "tis_cap"),
+        ({"adv_eps": -1e-6}, "adv_eps"),
+        ({"scale_adv_by_std": "yes"}, "scale_adv_by_std"),
+    ],
+)
+def test_config_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        GRPOConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# advantages
+
+
+def test_group_advantages_hand_values():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], dtype=F64)
+    # group 1: mean 0.5, unbiased std sqrt((4 * 0.25) / 3) = sqrt(1/3); group 2: all equal -> 0
+    s = math.sqrt(1 / 3) + 1e-6
+    adv = group_advantages(rewards, 4)
+    expected = [0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0.0, 0.0, 0.0, 0.0]
+    assert adv.tolist() == pytest.approx(expected, rel=1e-14)
+    assert adv.dtype == F64
+    raw = group_advantages(rewards, 4, scale_by_std=False)
+    assert raw.tolist() == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_group_advantages_flat_groups_exactly_zero():
+    # the mean of three 0.1 is not 0.1 in float arithmetic; the flat group must still give exact zeros
+    rewards = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7], dtype=F64)
+    assert group_advantages(rewards, 3).tolist() == [0.0] * 6
+    assert group_advantages(rewards, 3, scale_by_std=False).tolist() == [0.0] * 6
+    ints = torch.tensor([1, 0, 1, 1], dtype=torch.int64)
+    out = group_advantages(ints, 2)
+    assert out.dtype == torch.float32 and out[2:].tolist() == [0.0, 0.0]
+    assert zero_variance_groups(rewards, 3).tolist() == [True, True]
+    assert zero_variance_groups(ints, 2).tolist() == [False, True]
+
+
+def test_group_advantages_errors():
+    with pytest.raises(ValueError, match="multiple"):
+        group_advantages(torch.zeros(7), 4)
+    with pytest.raises(ValueError, match="group_size"):
+        group_advantages(torch.zeros(4), 1)
+    with pytest.raises(ValueError, match="1-D"):
+        group_advantages(torch.zeros(2, 4), 4)
+    with pytest.raises(ValueError, match="NaN"):
+        group_advantages(torch.tensor([0.0, math.nan]), 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# loss value and gradient on hand-computed cases
+
+
+def _clip_case():
+    """Two sequences of 4 tokens, ratios chosen to hit every branch of the clipped surrogate.
+
+    A = +1: rho = 1.1 (free), 1.5 (> 1.28: clipped), 0.5 (< 0.8 but A > 0: free, pessimistic), 1.0
+    A = -1: rho = 0.9 (free), 0.5 (< 0.8: clipped), 1.5 (> 1.28 but A < 0: free, pessimistic), 1.0
+    """
+    rho = torch.tensor([[1.1, 1.5, 0.5, 1.0], [0.9, 0.5, 1.5, 1.0]], dtype=F64)
+    logp_old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.7, -1.2, -2.2, -0.1]], dtype=F64)
+    logp_new = (logp_old + torch.log(rho)).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0], dtype=F64)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    return logp_new, logp_old, adv, mask
+
+
+def test_loss_and_gradient_hand_derived_both_clip_sides():
+    logp_new, logp_old, adv, mask = _clip_case()
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig())
+    # per-token loss -min(rho A, clip(rho) A), clip range [0.8, 1.28]
+    per_token = [-1.1, -1.28, -0.5, -1.0, 0.9, 0.8, 1.5, 1.0]
+    assert loss.item() == pytest.approx(sum(per_token) / 8, rel=1e-12)
+    loss.backward()
+    # d loss / d logp_new = -A rho / N where unclipped, 0 where clipped
+    expected_grad = [[-1.1 / 8, 0.0, -0.5 / 8, -1.0 / 8], [0.9 / 8, 0.0, 1.5 / 8, 1.0 / 8]]
+    assert logp_new.grad.tolist()[0] == pytest.approx(expected_grad[0], rel=1e-12, abs=0)
+    assert logp_new.grad.tolist()[1] == pytest.approx(expected_grad[1], rel=1e-12, abs=0)
+    assert stats["clip_frac"] == 0.25
+    assert stats["clip_frac_high"] == 0.125
+    assert stats["clip_frac_low"] == 0.125
+    assert stats["ratio_mean"] == pytest.approx(1.0, rel=1e-12)
+    assert stats["ratio_min"] == pytest.approx(0.5, rel=1e-12)
+    assert stats["ratio_max"] == pytest.approx(1.5, rel=1e-12)
+    rhos = [1.1, 1.5, 0.5, 1.0, 0.9, 0.5, 1.5, 1.0]
+    assert stats["approx_kl"] == pytest.approx(sum(r - 1 - LN(r) for r in rhos) / 8, rel=1e-12)
+    assert stats["tis_weight_mean"] == 1.0
+    assert stats["loss"] == pytest.approx(loss.item(), rel=1e-15)
+
+
+def test_clip_range_is_asymmetric():
+    # rho = 1.25 is inside DAPO's clip-higher range (1.28) but outside the symmetric 1.2
+    logp_old = torch.zeros(1, 1, dtype=F64)
+    logp_new = torch.full((1, 1), LN(1.25), dtype=F64, requires_grad=True)
+    adv = torch.ones(1, dtype=F64)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig())
+    loss.backward()
+    assert stats["clip_frac"] == 0.0 and logp_new.grad.item() == pytest.approx(-1.25, rel=1e-12)
+    logp_new.grad = None
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(clip_high=0.2))
+    loss.backward()
+    assert stats["clip_frac"] == 1.0 and logp_new.grad.item() == 0.0
+    assert loss.item() == pytest.approx(-1.2, rel=1e-12)
+
+
+def test_on_policy_loss_is_minus_mean_token_advantage():
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)  # lengths 3, 1, 2
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(3, 4, generator=g, dtype=F64) * 5
+    logp_new = lp.clone().requires_grad_(True)
+    loss, stats = grpo_loss(logp_new, lp, adv, mask, GRPOConfig())
+    assert loss.item() == pytest.approx(-(1.0 * 3 - 2.0 * 1 + 0.5 * 2) / 6, rel=1e-12)
+    assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0 and stats["approx_kl"] == 0.0
+    loss.backward()
+    # at rho = 1: d loss / d logp_new = -A_b / N on valid tokens, 0 on padding
+    expected = [[-1.0 / 6] * 3 + [0.0], [2.0 / 6, 0.0, 0.0, 0.0], [-0.5 / 6, -0.5 / 6, 0.0, 0.0]]
+    for row, exp_row in zip(logp_new.grad.tolist(), expected, strict=True):
+        assert row == pytest.approx(exp_row, rel=1e-12, abs=0)
+
+    # seq-mean-token-mean: each sequence weighs the same, -mean_b A_b; grad -A_b / (n_b B)
+    logp_new.grad = None
+    cfg = GRPOConfig(loss_agg="seq-mean-token-mean")
+    loss, _ = grpo_loss(logp_new, lp, adv, mask, cfg)
+    assert loss.item() == pytest.approx(-(1.0 - 2.0 + 0.5) / 3, rel=1e-12)
+    loss.backward()
+    expected = [[-1.0 / 9] * 3 + [0.0], [2.0 / 3, 0.0, 0.0, 0.0], [-0.5 / 6, -0.5 / 6, 0.0, 0.0]]
+    for row, exp_row in zip(logp_new.grad.tolist(), expected, strict=True):
+        assert row == pytest.approx(exp_row, rel=1e-12, abs=0)
+
+
+def test_gradient_flows_to_logp_new_only():
+    logp_new, logp_old, adv, mask = _clip_case()
+    logp_old = logp_old.clone().requires_grad_(True)
+    adv = adv.clone().requires_grad_(True)
+    logp_s = (logp_old.detach() - 0.1).requires_grad_(True)
+    logp_ref = (logp_old.detach() + 0.2).requires_grad_(True)
+    cfg = GRPOConfig(tis=True, kl_coef=0.1)
+    loss, _ = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s, logp_ref=logp_ref)
+    loss.backward()
+    assert logp_new.grad is not None and bool(logp_new.grad.abs().sum() > 0)
+    for t in (logp_old, adv, logp_s, logp_ref):
+        assert t.grad is None
+
+
+def test_masked_garbage_does_not_leak():
+    logp_new, logp_old, adv, mask = _clip_case()
+    ref_loss, ref_stats = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig())
+    # append a padded column full of garbage (NaN, inf, huge) in every input
+    pad = torch.tensor([[math.nan], [1e30]], dtype=F64)
+    new2 = torch.cat([logp_new.detach(), pad], 1).requires_grad_(True)
+    old2 = torch.cat([logp_old, torch.tensor([[-math.inf], [-1e30]], dtype=F64)], 1)
+    s2 = torch.cat([logp_old, torch.tensor([[math.inf], [math.nan]], dtype=F64)], 1)
+    mask2 = torch.cat([mask, torch.zeros(2, 1, dtype=torch.bool)], 1)
+    loss, stats = grpo_loss(new2, old2, adv, mask2, GRPOConfig())
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-15)
+    assert stats == pytest.approx(ref_stats, rel=1e-15)
+    loss.backward()
+    assert torch.isfinite(new2.grad).all() and new2.grad[:, -1].tolist() == [0.0, 0.0]
+    # TIS with garbage sampler log-probs at padding
+    new2.grad = None
+    loss, stats = grpo_loss(new2, old2, adv, mask2, GRPOConfig(tis=True), s2)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(new2.grad).all()
+    assert stats["tis_weight_mean"] == 1.0  # logp_sampler == logp_old on valid tokens
+
+
+# --------------------------------------------------------------------------------------------------
+# TIS
+
+
+def test_tis_weights_capped():
+    # logp_old - logp_sampler = ln 3, ln 1.5, ln 0.5 -> weights min(., 2) = 2, 1.5, 0.5
+    logp_old = torch.tensor([[-1.0, -2.0, -3.0]], dtype=F64)
+    logp_s = logp_old - torch.tensor([[LN(3.0), LN(1.5), LN(0.5)]], dtype=F64)
+    logp_new = logp_old.clone().requires_grad_(True)
+    adv = torch.ones(1, dtype=F64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(tis=True), logp_s)
+    assert loss.item() == pytest.approx(-(2.0 + 1.5 + 0.5) / 3, rel=1e-12)
+    assert stats["tis_weight_mean"] == pytest.approx(4.0 / 3, rel=1e-12)
+    assert stats["tis_capped_frac"] == pytest.approx(1 / 3, rel=1e-12)
+    loss.backward()
+    assert logp_new.grad.tolist()[0] == pytest.approx([-2.0 / 3, -1.5 / 3, -0.5 / 3], rel=1e-12)
+    # a larger cap lets the first weight through
+    _, stats = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(tis=True, tis_cap=10.0), logp_s)
+    assert stats["tis_weight_mean"] == pytest.approx(5.0 / 3, rel=1e-12) and stats["tis_capped_frac"] == 0.0
+    # tis off: the sampler log-probs are ignored
+    loss_off, stats_off = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(), logp_s)
+    assert loss_off.item() == pytest.approx(-1.0, rel=1e-12) and stats_off["tis_weight_mean"] == 1.0
+    with pytest.raises(ValueError, match="logp_sampler"):
+        grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(tis=True))
+
+
+# --------------------------------------------------------------------------------------------------
+# KL penalty
+
+
+def test_kl_penalty_hand_value():
+    logp_new = torch.full((1, 2), -1.0, dtype=F64, requires_grad=True)
+    logp_old = logp_new.detach().clone()
+    logp_ref = logp_old + LN(2.0)  # k3 per token: e^{ln 2} - ln 2 - 1 = 1 - ln 2
+    adv = torch.zeros(1, dtype=F64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    cfg = GRPOConfig(kl_coef=0.5)
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_ref=logp_ref)
+    assert stats["kl_loss"] == pytest.approx(1 - LN(2.0), rel=1e-12)
+    assert loss.item() == pytest.approx(0.5 * (1 - LN(2.0)), rel=1e-12)
+    loss.backward()
+    # d/dnew [e^{ref-new} - (ref-new) - 1] = 1 - e^{ref-new} = -1, times kl_coef / N
+    assert logp_new.grad.tolist()[0] == pytest.approx([-0.25, -0.25], rel=1e-12)
+    with pytest.raises(ValueError, match="logp_ref"):
+        grpo_loss(logp_new, logp_old, adv, mask, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_loss_errors():
+    logp_new, logp_old, adv, mask = _clip_case()
+    cfg = GRPOConfig()
+    with pytest.raises(ValueError, match="no tokens"):
+        grpo_loss(logp_new, logp_old, adv, torch.zeros_like(mask), cfg)
+    bad = logp_old.clone()
+    bad[1, 2] = math.nan
+    with pytest.raises(ValueError, match="logp_old is NaN"):
+        grpo_loss(logp_new, bad, adv, mask, cfg)
+    with pytest.raises(ValueError, match="advantages"):
+        grpo_loss(logp_new, logp_old, adv[:1], mask, cfg)
+    with pytest.raises(ValueError, match="advantages is NaN"):
+        grpo_loss(logp_new, logp_old, torch.tensor([1.0, math.nan], dtype=F64), mask, cfg)
+    with pytest.raises(ValueError, match="logp_old has shape"):
+        grpo_loss(logp_new, logp_old[:, :2], adv, mask, cfg)
+    with pytest.raises(ValueError, match="mask"):
+        grpo_loss(logp_new, logp_old, adv, mask[:, :2], cfg)
+    with pytest.raises(ValueError, match="0/1"):
+        grpo_loss(logp_new, logp_old, adv, mask.to(F64) * 2, cfg)
+    with pytest.raises(TypeError, match="GRPOConfig"):
+        grpo_loss(logp_new, logp_old, adv, mask, {"clip_low": 0.2})
+
+
+# --------------------------------------------------------------------------------------------------
+# property: agrees with the textbook torch.maximum form (verl's compute_policy_loss) in value and grad
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    t=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    agg=st.sampled_from(["token-mean", "seq-mean-token-mean"]),
+    tis=st.booleans(),
+)
+def test_matches_reference_formula(b, t, seed, agg, tis):
+    g = torch.Generator().manual_seed(seed)
+    logp_old = -torch.rand(b, t, generator=g, dtype=F64) * 4
+    logp_new = (logp_old + 0.6 * torch.randn(b, t, generator=g, dtype=F64)).requires_grad_(True)
+    logp_s = logp_old + 0.8 * torch.randn(b, t, generator=g, dtype=F64)
+    adv = torch.randn(b, generator=g, dtype=F64)
+    mask = torch.rand(b, t, generator=g) > 0.3
+    mask[0, 0] = True
+    cfg = GRPOConfig(loss_agg=agg, tis=tis)
+    loss, _ = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s)
+    (grad,) = torch.autograd.grad(loss, logp_new)
+
+    new_ref = logp_new.detach().clone().requires_grad_(True)
+    ratio = torch.exp(new_ref - logp_old)
+    a = adv[:, None]
+    pg = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 0.8, 1.28))
+    if tis:
+        pg = pg * torch.clamp(torch.exp(logp_old - logp_s), max=2.0)
+    m = mask.to(F64)
+    if agg == "token-mean":
+        ref = (pg * m).sum() / m.sum()
+    else:
+        n_b = m.sum(1)
+        keep = n_b > 0
+        ref = ((pg * m).sum(1)[keep] / n_b[keep]).mean()
+    (ref_grad,) = torch.autograd.grad(ref, new_ref)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-14)
