@@ -1,0 +1,138 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minite.nn import LinearNumerics, QuantLinear, SeedSource, qmm
+from minite.numerics import QuantSpec, dequantize, nvfp4_matmul_ref, quantize
+
+TE = LinearNumerics(
+    fprop_weight=QuantSpec(block="16x16", flavor="te"),
+    fprop_act=QuantSpec(flavor="te"),
+    dgrad_grad=QuantSpec(flavor="te"),
+    dgrad_weight=QuantSpec(block="16x16", flavor="te"),
+    wgrad_grad=QuantSpec(flavor="te", rht=True),
+    wgrad_act=QuantSpec(flavor="te", rht=True),
+)
+ALIGNED = LinearNumerics(
+    fprop_weight=QuantSpec(block="16x16"),
+    fprop_act=QuantSpec(scope="row"),
+    dgrad_grad=QuantSpec(scope="row"),
+    dgrad_weight=QuantSpec(block="16x16"),
+    wgrad_grad=QuantSpec(scope="row"),
+    wgrad_act=QuantSpec(scope="row"),
+)
+
+
+def _layer(numerics, k=48, n=32, seed=0, bias=False):
+    torch.manual_seed(seed)
+    base = nn.Linear(k, n, bias=bias)
+    return base, QuantLinear.from_linear(base, numerics, SeedSource(seed), "l")
+
+
+@pytest.mark.parametrize("numerics", [TE, ALIGNED], ids=["te", "aligned"])
+@pytest.mark.parametrize("m", [1, 3, 37])
+def test_forward_is_reference_gemm_bitwise(numerics, m):
+    base, ql = _layer(numerics, seed=m)
+    x = torch.randn(m, 48, generator=torch.Generator().manual_seed(100 + m))
+    y = ql(x)
+    ref = nvfp4_matmul_ref(
+        quantize(x, numerics.fprop_act), quantize(base.weight.detach(), numerics.fprop_weight)
+    )
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("numerics", [TE, ALIGNED], ids=["te", "aligned"])
+def test_backward_matches_float64_reference(numerics):
+    base, ql = _layer(numerics, seed=3)
+    x = torch.randn(2, 5, 48, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    dy = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(8))
+    ql(x).backward(dy)
+    w = base.weight.detach()
+    x2, dy2 = x.detach().reshape(-1, 48), dy.reshape(-1, 32)
+
+    def deq(t, spec):
+        return dequantize(quantize(t, spec)).double()
+
+    dx_ref = deq(dy2, numerics.dgrad_grad) @ deq(w.T.contiguous(), numerics.dgrad_weight).T
+    pad = (-x2.shape[0]) % 16
+    dyp, xp = F.pad(dy2, (0, 0, 0, pad)), F.pad(x2, (0, 0, 0, pad))
+    dw_ref = deq(dyp.T.contiguous(), numerics.wgrad_grad) @ deq(xp.T.contiguous(), numerics.wgrad_act).T
+    torch.testing.assert_close(x.grad.reshape(-1, 48).double(), dx_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(base.weight.grad.double(), dw_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_unquantized_numerics_is_plain_linear():
+    base, ql = _layer(LinearNumerics(), bias=True)
+    x = torch.randn(4, 48)
+    assert torch.equal(ql(x), F.linear(x, base.weight, base.bias))
+
+
+def test_16x16_weight_fprop_and_dgrad_use_the_same_values():
+    _, ql = _layer(TE, seed=5)
+    w = ql.weight.detach()
+    fwd = dequantize(ql.quantized_weight())
+    bwd = dequantize(quantize(w.T.contiguous(), TE.dgrad_weight))
+    assert torch.equal(fwd.T, bwd)
+
+
+def test_weight_cache_follows_optimizer_updates():
+    _, ql = _layer(ALIGNED, seed=6)
+    q0 = ql.quantized_weight()
+    assert ql.quantized_weight() is q0  # cached while unchanged
+    opt = torch.optim.SGD(ql.parameters(), lr=0.5)
+    ql(torch.randn(3, 48)).sum().backward()
+    opt.step()
+    q1 = ql.quantized_weight()
+    assert q1 is not q0 and not q1.bitwise_equal(q0)
+    assert q1.bitwise_equal(quantize(ql.weight.detach(), ALIGNED.fprop_weight))
+
+
+def test_packed_weight_overrides_master():
+    _, ql = _layer(ALIGNED, seed=9)
+    other = quantize(torch.randn(32, 48), ALIGNED.fprop_weight)
+    ql.packed = other
+    x = torch.randn(3, 48)
+    assert torch.equal(ql(x), nvfp4_matmul_ref(quantize(x, ALIGNED.fprop_act), other))
+
+
+def test_row_scope_output_is_batch_invariant_in_quantization():
+    """Per-row activation scales: row i's quantized input does not depend on the other rows."""
+    x = torch.randn(9, 48)
+    alone = quantize(x[4:5], ALIGNED.fprop_act)
+    full = quantize(x, ALIGNED.fprop_act)
+    assert torch.equal(alone.qdata[0], full.qdata[4]) and torch.equal(
+        alone.scale.view(torch.uint8)[0], full.scale.view(torch.uint8)[4]
+    )
+
+
+def test_stochastic_rounding_is_reproducible_per_step():
+    sr = LinearNumerics(
+        fprop_weight=QuantSpec(),
+        fprop_act=QuantSpec(),
+        dgrad_grad=QuantSpec(rounding="stochastic"),
+        dgrad_weight=QuantSpec(),
+        wgrad_grad=QuantSpec(rounding="stochastic"),
+        wgrad_act=QuantSpec(),
+    )
+    DY = torch.randn(6, 32, generator=torch.Generator().manual_seed(2))  # noqa: N806 (not exactly representable)
+    grads = []
+    for _ in range(2):
+        base, ql = _layer(sr, seed=11)
+        ql.seeds.set_step(4)
+        x = torch.randn(6, 48, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        ql(x).backward(DY)
+        grads.append((x.grad.clone(), base.weight.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    base, ql = _layer(sr, seed=11)
+    ql.seeds.set_step(5)
+    x = torch.randn(6, 48, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    ql(x).backward(DY)
+    assert not torch.equal(base.weight.grad, grads[0][1])
+
+
+def test_qmm_mixed_precision_operand():
+    a = torch.randn(5, 32)
+    b = torch.randn(7, 32)
+    out = qmm(a, b, None, QuantSpec())
+    torch.testing.assert_close(out, a @ dequantize(quantize(b, QuantSpec())).T)

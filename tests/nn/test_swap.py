@@ -1,0 +1,77 @@
+import torch
+
+from minite.nn import AlignedRouter, FP32RMSNorm, QuantExperts, QuantLinear, apply_numerics, quantized_modules
+from minite.numerics import quantize
+from minite.recipes import BF16, MINITE, TE_NVFP4
+
+
+def test_swap_keeps_state_dict_names_and_tensors(tiny_model):
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    apply_numerics(tiny_model, MINITE.trainer)
+    after = tiny_model.state_dict()
+    assert list(before) == list(after)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_layer_set_follows_recipe(tiny_model):
+    apply_numerics(tiny_model, TE_NVFP4.trainer)
+    layers = tiny_model.model.layers
+    n = len(layers)
+    for i, layer in enumerate(layers):
+        quant = i < n - TE_NVFP4.trainer.bf16_last_blocks
+        assert isinstance(layer.self_attn.q_proj, QuantLinear) == quant
+        assert isinstance(layer.mlp.experts, QuantExperts) == quant
+        assert not isinstance(layer.mlp.gate.weight, QuantLinear)  # router stays high precision
+    assert "lm_head" not in quantized_modules(tiny_model)
+
+
+def test_bf16_recipe_swaps_nothing(tiny_model):
+    apply_numerics(tiny_model, BF16.trainer)
+    assert quantized_modules(tiny_model) == {}
+
+
+def test_trainer_forward_uses_exactly_the_recipe_weights(tiny_model):
+    """Per recipe, every quantized module's forward weight is quantize(master, recipe.fprop_weight)."""
+    for recipe in (TE_NVFP4, MINITE):
+        torch.manual_seed(0)
+        from minite.models.tiny import build_tiny_model
+
+        m = build_tiny_model(seed=1)
+        apply_numerics(m, recipe.trainer)
+        for name, mod in quantized_modules(m).items():
+            if isinstance(mod, QuantLinear):
+                ref = quantize(mod.weight.detach(), recipe.trainer.fprop_weight)
+                assert mod.quantized_weight().bitwise_equal(ref), name
+            else:
+                for e in (0, mod.num_experts - 1):
+                    gu, dn = mod.quantized_weights(e)
+                    assert gu.bitwise_equal(
+                        quantize(mod.gate_up_proj[e].detach(), recipe.trainer.fprop_weight)
+                    )
+                    assert dn.bitwise_equal(quantize(mod.down_proj[e].detach(), recipe.trainer.fprop_weight))
+
+
+def test_minite_aligned_non_gemm_ops(tiny_model):
+    apply_numerics(tiny_model, MINITE.trainer)
+    layer = tiny_model.model.layers[0]
+    assert isinstance(layer.mlp.gate, AlignedRouter) and layer.mlp.gate.fp32 and layer.mlp.gate.deterministic
+    assert isinstance(layer.input_layernorm, FP32RMSNorm)
+
+
+def test_deterministic_topk_breaks_ties_by_lowest_expert_id(tiny_model):
+    apply_numerics(tiny_model, MINITE.trainer)
+    router = tiny_model.model.layers[0].mlp.gate
+    with torch.no_grad():
+        router.weight.zero_()  # every expert gets the same logit: a full tie
+    _, _, idx = router(torch.randn(5, router.hidden_dim))
+    assert idx.tolist() == [[0, 1]] * 5
+
+
+def test_quantized_model_trains(tiny_model):
+    apply_numerics(tiny_model, TE_NVFP4.trainer)
+    ids = torch.randint(0, 16, (2, 12))
+    out = tiny_model(ids).logits
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), ids.reshape(-1))
+    loss.backward()
+    g = tiny_model.model.layers[0].mlp.experts.gate_up_proj.grad
+    assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0

@@ -1,0 +1,82 @@
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from minite.configuration import ConfigError
+from minite.rl.grpo import GRPOConfig
+from minite.rl.loop import EvalConfig, RolloutConfig, TrainConfig, train
+
+
+def _cfg(tiny_inputs, out, recipe="minite", steps=3, **kw):
+    return TrainConfig(
+        model_dir=str(tiny_inputs["model_dir"]),
+        data_dir=str(tiny_inputs["data_dir"]),
+        out_dir=str(out),
+        recipe=recipe,
+        steps=steps,
+        rollout=RolloutConfig(prompts_per_step=4, max_new_tokens=5),
+        grpo=GRPOConfig(group_size=4),
+        eval=EvalConfig(every=0, n_examples=8),
+        **kw,
+    )
+
+
+def _records(out):
+    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "te_nvfp4", "minite"])
+def test_each_recipe_trains_and_logs_the_gap(tiny_inputs, tmp_path, recipe):
+    summary = train(_cfg(tiny_inputs, tmp_path / recipe, recipe=recipe, steps=2), progress=False)
+    recs = _records(tmp_path / recipe)
+    assert [r["step"] for r in recs] == [0, 1]
+    for r in recs:
+        for k in (
+            "mismatch/logp_abs_diff_mean",
+            "mismatch/logp_abs_diff_max",
+            "mismatch/kl_k1",
+            "mismatch/kl_k3",
+            "mismatch/token_mult_prob_error",
+            "mismatch/ratio_p50",
+            "reward_mean",
+            "train/loss",
+        ):
+            assert k in r and r[k] == r[k], k
+    assert "eval/accuracy" in recs[-1]
+    assert summary["recipe"] == recipe
+    assert (tmp_path / recipe / "checkpoint" / "model.safetensors").is_file()
+
+
+def test_deterministic_and_resume_equals_uninterrupted(tiny_inputs, tmp_path):
+    full = tmp_path / "full"
+    train(_cfg(tiny_inputs, full, steps=4, checkpoint_every=2), progress=False)
+    # "killed" after step 2's checkpoint: a run configured for 4 steps that stopped at 2
+    part = tmp_path / "part"
+    train(_cfg(tiny_inputs, part, steps=2, checkpoint_every=2), progress=False)
+    # a stale record past the checkpoint (logged before the kill) must be replaced on resume
+    with (part / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 2, "reward_mean": -1.0}) + "\n")
+    train(_cfg(tiny_inputs, part, steps=4, checkpoint_every=2), resume=True, progress=False)
+    a, b = _records(full), _records(part)
+    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    for ra, rb in zip(a, b, strict=True):
+        for k in ra:
+            if not k.startswith("time/"):
+                assert ra[k] == rb[k], (ra["step"], k)
+    wa = load_file(full / "checkpoint" / "model.safetensors")
+    wb = load_file(part / "checkpoint" / "model.safetensors")
+    assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_missing_model_dir_fails_before_compute(tiny_inputs, tmp_path):
+    cfg = _cfg(tiny_inputs, tmp_path / "x")
+    bad = TrainConfig(**{**cfg.__dict__, "model_dir": str(tmp_path / "nope")})
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        train(bad, progress=False)
+
+
+def test_unknown_recipe_fails_before_compute(tiny_inputs, tmp_path):
+    cfg = _cfg(tiny_inputs, tmp_path / "x", recipe="minitee")
+    with pytest.raises(ConfigError, match="did you mean 'minite'"):
+        train(cfg, progress=False)
