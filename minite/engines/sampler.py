@@ -61,59 +61,75 @@ class BuiltinSampler:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        if self.version < 0:
-            raise RuntimeError("BuiltinSampler.generate: no weights loaded yet (call update_weights first)")
         rows = [p for p in prompts for _ in range(params.n)]
-        ids, mask = left_pad(rows, self.pad)
-        b = ids.shape[0]
         gen = torch.Generator().manual_seed(params.seed)
-        stops = {self.eos, *params.stop_token_ids}
-        cache = DynamicCache()
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out_tokens = torch.full((b, params.max_new_tokens), self.pad, dtype=torch.long)
-        out_logp = torch.zeros((b, params.max_new_tokens), dtype=torch.float32)
-        done = torch.zeros(b, dtype=torch.bool)
-        lengths = torch.zeros(b, dtype=torch.long)
-        step_ids, step_pos = ids, pos
-        for t in range(params.max_new_tokens):
-            logits = (
-                self.model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
-                    position_ids=step_pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                .logits[:, -1]
-                .float()
-            )
-            logp = torch.log_softmax(logits, dim=-1)
+
+        def choose(t: int, logits: torch.Tensor) -> torch.Tensor:
             if params.temperature == 0:
-                tok = logits.argmax(-1)
-            else:
-                probs = torch.softmax(logits / params.temperature, dim=-1)
-                tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            tok = torch.where(done, torch.full_like(tok, self.pad), tok)
-            out_tokens[:, t] = tok
-            out_logp[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
-            lengths += (~done).long()
-            done |= torch.tensor([int(x) in stops for x in tok.tolist()])
-            if bool(done.all()):
-                break
-            step_ids = tok[:, None]
-            step_pos = step_pos[:, -1:] + 1
-            mask = torch.cat((mask, torch.ones((b, 1), dtype=mask.dtype)), dim=1)
+                return logits.argmax(-1)
+            probs = torch.softmax(logits / params.temperature, dim=-1)
+            return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+        stops = {self.eos, *params.stop_token_ids}
+        tokens, logps, lengths = self._decode(rows, params.max_new_tokens, choose, stops)
         result: list[list[Completion]] = []
         for i, prompt in enumerate(prompts):
             group = []
             for j in range(params.n):
                 r = i * params.n + j
                 n_tok = int(lengths[r])
-                toks = out_tokens[r, :n_tok].tolist()
-                group.append(
-                    Completion(
-                        prompt, toks, out_logp[r, :n_tok].tolist(), finished=bool(toks) and toks[-1] in stops
-                    )
-                )
+                toks = tokens[r, :n_tok].tolist()
+                finished = bool(toks) and toks[-1] in stops
+                group.append(Completion(prompt, toks, logps[r, :n_tok].tolist(), finished=finished))
             result.append(group)
         return result
+
+    @torch.no_grad()
+    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """Log-probs this engine assigns to given completions, computed exactly as during generation
+        (incremental decoding against the KV cache, same batch layout): teacher-forced sampling."""
+        width = max(1, max(len(c) for c in completions))
+        forced = torch.full((len(completions), width), self.pad, dtype=torch.long)
+        for i, c in enumerate(completions):
+            forced[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+
+        def choose(t: int, logits: torch.Tensor) -> torch.Tensor:
+            return forced[:, t]
+
+        _, logps, _ = self._decode(prompts, width, choose, stops=set(), lengths_from=[len(c) for c in completions])
+        return [logps[i, : len(c)].tolist() for i, c in enumerate(completions)]
+
+    def _decode(self, rows, max_new: int, choose, stops: set[int], lengths_from: list[int] | None = None):
+        """Batched incremental decoding. Returns tokens (B, T), their log-probs (B, T), lengths (B,)."""
+        if self.version < 0:
+            raise RuntimeError("BuiltinSampler: no weights loaded yet (call update_weights first)")
+        ids, mask = left_pad(rows, self.pad)
+        b = ids.shape[0]
+        cache = DynamicCache()
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out_tokens = torch.full((b, max_new), self.pad, dtype=torch.long)
+        out_logp = torch.zeros((b, max_new), dtype=torch.float32)
+        done = torch.zeros(b, dtype=torch.bool)
+        lengths = torch.zeros(b, dtype=torch.long)
+        limit = torch.tensor(lengths_from) if lengths_from is not None else None
+        step_ids, step_pos = ids, pos
+        for t in range(max_new):
+            logits = self.model(
+                input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
+            ).logits[:, -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = choose(t, logits)
+            if limit is not None:
+                done = t >= limit
+            tok = torch.where(done, torch.full_like(tok, self.pad), tok)
+            out_tokens[:, t] = tok
+            out_logp[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
+            lengths += (~done).long()
+            if stops:
+                done |= torch.tensor([int(x) in stops for x in tok.tolist()])
+            if bool(done.all()) or (limit is not None and t + 1 >= int(limit.max())):
+                break
+            step_ids = tok[:, None]
+            step_pos = step_pos[:, -1:] + 1
+            mask = torch.cat((mask, torch.ones((b, 1), dtype=mask.dtype)), dim=1)
+        return out_tokens, out_logp, lengths

@@ -47,7 +47,11 @@ def sampler_quantizes(spec: NumericsSpec, layer_idx: int, num_layers: int, kind:
 
 
 @torch.no_grad()
-def export_weights(model: nn.Module, recipe: Recipe, version: int = 0) -> WeightUpdate:
+def export_weights(
+    model: nn.Module, recipe: Recipe, version: int = 0, *, strict: bool = True
+) -> WeightUpdate:
+    """`strict=False` lets a weight_source="trainer" sampler quantize a layer that the trainer runs in
+    bf16 itself (re-export), for diagnostics that switch one alignment component at a time."""
     sampler = recipe.sampler
     out: dict[str, torch.Tensor] = {}
     layers = decoder_layers(model)
@@ -65,12 +69,13 @@ def export_weights(model: nn.Module, recipe: Recipe, version: int = 0) -> Weight
             name = f"{prefix}.self_attn.{p}"
             handled.add(f"{name}.weight")
             if sampler.quantized and sampler_quantizes(sampler, i, n, "attention"):
-                if sampler.weight_source == "trainer":
-                    if not isinstance(mod, QuantLinear) or mod.quantized_weight() is None:
-                        raise RuntimeError(
-                            f"{name}: sampler expects trainer weights but the trainer runs it in bf16"
-                        )
-                    _put_q(out, name, mod.quantized_weight())
+                trainer_q = mod.quantized_weight() if isinstance(mod, QuantLinear) else None
+                if sampler.weight_source == "trainer" and trainer_q is not None:
+                    _put_q(out, name, trainer_q)
+                elif sampler.weight_source == "trainer" and strict:
+                    raise RuntimeError(
+                        f"{name}: sampler expects trainer weights but the trainer runs it in bf16"
+                    )
                 else:
                     _put_q(out, name, reexport(mod.weight, name))
             else:
@@ -88,11 +93,12 @@ def export_weights(model: nn.Module, recipe: Recipe, version: int = 0) -> Weight
         for e in range(experts.num_experts):
             gu, dn = experts.gate_up_proj[e], experts.down_proj[e]
             names = {p: f"{ename}.{e}.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
-            if quant and sampler.weight_source == "trainer":
-                if not isinstance(experts, QuantExperts):
-                    raise RuntimeError(
-                        f"{ename}: sampler expects trainer weights but the trainer runs it in bf16"
-                    )
+            trainer_exact = quant and sampler.weight_source == "trainer" and isinstance(experts, QuantExperts)
+            if quant and sampler.weight_source == "trainer" and not trainer_exact and strict:
+                raise RuntimeError(
+                    f"{ename}: sampler expects trainer weights but the trainer runs it in bf16"
+                )
+            if trainer_exact:
                 qgu, qdn = experts.quantized_weights(e)
                 _put_q(out, names["gate_proj"], _row_slice(qgu, slice(0, inter)))
                 _put_q(out, names["up_proj"], _row_slice(qgu, slice(inter, 2 * inter)))

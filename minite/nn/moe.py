@@ -97,6 +97,7 @@ class AlignedRouter(nn.Module):
         self.fp32, self.deterministic = fp32, deterministic
         self.record = False
         self.last_topk: torch.Tensor | None = None
+        self.last_probs: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor):
         h = hidden_states.reshape(-1, self.hidden_dim)
@@ -115,6 +116,7 @@ class AlignedRouter(nn.Module):
             top_v = top_v / top_v.sum(dim=-1, keepdim=True)
         if self.record:
             self.last_topk = top_i.detach().clone()
+            self.last_probs = probs.detach().clone()
         return logits, top_v.to(logits.dtype), top_i
 
 

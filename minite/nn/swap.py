@@ -54,7 +54,9 @@ def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedS
             attn = layer.self_attn
             attn.q_norm, attn.k_norm = FP32RMSNorm(attn.q_norm), FP32RMSNorm(attn.k_norm)
         mlp = layer.mlp
-        if hasattr(mlp, "gate") and (spec.fp32_router or spec.deterministic_topk):
+        if hasattr(mlp, "gate"):
+            # always wrapped (with both options off it computes exactly what transformers' router does)
+            # so that every engine can record its routing decisions for diagnostics
             mlp.gate = AlignedRouter(mlp.gate, spec.fp32_router, spec.deterministic_topk)
         if not spec.block_is_quantized(i, n):
             continue

@@ -127,3 +127,13 @@ def test_trainer_weights_to_bf16_sampler_are_rejected():
     trainer = Trainer(model, r, OptimConfig(), GRPOConfig(group_size=2))
     with pytest.raises(RuntimeError, match="sampler expects trainer weights"):
         export_weights(trainer.model, r)
+
+
+def test_score_reproduces_generation_logprobs():
+    """Teacher-forced scoring runs the same decode path, so it returns the sampled log-probs exactly."""
+    _, sampler = _pair(TE_NVFP4)
+    prompts = [[1, 5, 6, 7], [1, 8], [1, 9, 9]]
+    groups = sampler.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=3, stop_token_ids=(EOS,)))
+    comps = [c for g in groups for c in g]
+    scored = sampler.score([c.prompt_ids for c in comps], [c.token_ids for c in comps])
+    assert scored == [c.logprobs for c in comps]
