@@ -164,10 +164,12 @@ def trace(
             sites.append(SiteError(key, rel_l2(_tokens(sa[key], mask), _tokens(sb[key], mask)), "gemm_input"))
     # GEMM inputs sit right before their projection's output in execution order
     first = next((s.name for s in sites if s.rel_l2 > threshold), None)
+    # the jump is measured against the largest error so far, floored so that rounding-level noise
+    # (e.g. a bf16 cast of the embeddings, ~1e-3) cannot make a tiny absolute change the "jump"
     best, best_ratio, running = None, 1.0, 0.0
     for s in sites:
-        ratio = s.rel_l2 / max(running, 1e-7)
-        if s.rel_l2 > 1e-6 and ratio > best_ratio:
+        ratio = s.rel_l2 / max(running, threshold / 10)
+        if ratio > best_ratio:
             best, best_ratio = s.name, ratio
         running = max(running, s.rel_l2)
     routing = [routing_stats(ta, pa, tb, mask) for (ta, pa), (tb, _pb) in zip(ra, rb, strict=True)]

@@ -77,6 +77,28 @@ class TokenBatch:
         return TokenBatch(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
 
+def autocast(dtype: torch.dtype, device_type: str = "cpu"):
+    """Autocast to `dtype` (nothing for float32): the trainer's mixed-precision policy."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def sequence_logprobs(
+    model: nn.Module, batch: TokenBatch, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward under autocast."""
+    pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with autocast(dtype, batch.input_ids.device.type):
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False
+        ).logits
+    idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
+    picked = logits.gather(1, idx).float()  # (B, T, V)
+    logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
+    return torch.where(batch.mask, logp, torch.zeros_like(logp))
+
+
 class Trainer:
     def __init__(self, model: nn.Module, recipe: Recipe, optim: OptimConfig, grpo: GRPOConfig, seed: int = 0):
         self.model = model.float().train()
@@ -89,32 +111,16 @@ class Trainer:
         )
         self.dtype = torch.bfloat16 if optim.compute_dtype == "bfloat16" else torch.float32
 
-    def _autocast(self):
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=self.dtype)
-
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics."""
-        pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        with self._autocast():
-            logits = self.model(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=pos,
-                use_cache=False,
-            ).logits
-        idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
-        picked = logits.gather(1, idx).float()  # (B, T, V)
-        logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
-        return torch.where(batch.mask, logp, torch.zeros_like(logp))
+        return sequence_logprobs(self.model, batch, self.dtype)
 
     @torch.no_grad()
     def recompute_logprobs(self, batch: TokenBatch, micro_batch: int = 64) -> torch.Tensor:
         self.model.eval()
         out = [
             self.logprobs(batch.select(slice(i, i + micro_batch)))
-            for i in range(0, batch.mask.shape[0], micro_batch)
+            for i in range(0, len(batch.mask), micro_batch)
         ]
         self.model.train()
         return torch.cat(out)
