@@ -27,6 +27,7 @@ from minite.engines.base import Completion, SamplingParams
 from minite.engines.sampler import BuiltinSampler
 from minite.engines.trainer import TokenBatch
 from minite.engines.weight_sync import export_weights
+from minite.nn.swap import set_compute_dtype
 from minite.recipes import TE_NVFP4, Recipe
 
 
@@ -55,8 +56,8 @@ def _sample(sampler: BuiltinSampler, prompts: list[list[int]], cfg: DiagnoseConf
     return [c for g in sampler.generate(prompts, params) for c in g]
 
 
-def _completion_logits(model, batch: TokenBatch, autocast) -> torch.Tensor:
-    logits = _forward(model, batch.input_ids, batch.attention_mask, autocast).float()
+def _completion_logits(model, batch: TokenBatch, dtype: torch.dtype) -> torch.Tensor:
+    logits = _forward(model, batch.input_ids, batch.attention_mask, dtype).float()
     idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
     return logits.gather(1, idx)
 
@@ -73,6 +74,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None) -> dict[str, Any
     torch.manual_seed(cfg.seed)
     tok = AutoTokenizer.from_pretrained(cfg.model_dir)
     policy = load_policy(cfg.model_dir, recipe, cfg.checkpoint, seed=cfg.seed)
+    set_compute_dtype(policy, torch.bfloat16)
     # master weights under their HF names, before any engine touches them
     master = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     sampler = BuiltinSampler(
@@ -92,7 +94,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None) -> dict[str, Any
     gap = mismatch_metrics(lp_t, batch.sampler_logp, batch.mask)
 
     lt = _completion_logits(policy, batch, torch.bfloat16)
-    ls = _completion_logits(sampler.model, batch, None)
+    ls = _completion_logits(sampler.model, batch, torch.bfloat16)
     vocab = full_vocab_metrics(lt, ls, batch.mask)
 
     tr = trace(
@@ -100,7 +102,6 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None) -> dict[str, Any
         sampler.model,
         batch.input_ids,
         batch.attention_mask,
-        autocast_a=torch.bfloat16,
         threshold=cfg.threshold,
     )
     wstats = weight_stats(policy, sampler.model)

@@ -26,6 +26,7 @@ _LAYER_SITES = (
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
+    "self_attn.o_proj",
     "self_attn",
     "post_attention_layernorm",
     "mlp.gate",
@@ -124,16 +125,19 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / den)
 
 
-def _forward(model: nn.Module, input_ids, attention_mask, autocast_dtype):
+def _forward(model: nn.Module, input_ids, attention_mask, dtype: torch.dtype):
+    from minite.engines.trainer import forward
+
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    ctx = (
-        torch.autocast(input_ids.device.type, dtype=autocast_dtype)
-        if autocast_dtype is not None
-        else contextlib.nullcontext()
-    )
-    with torch.no_grad(), ctx:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
-        return out.logits
+    with torch.no_grad():
+        return forward(
+            model,
+            dtype,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=pos,
+            use_cache=False,
+        )
 
 
 def trace(
@@ -142,17 +146,18 @@ def trace(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
-    autocast_a: torch.dtype | None = None,
-    autocast_b: torch.dtype | None = None,
+    dtype_a: torch.dtype = torch.bfloat16,
+    dtype_b: torch.dtype = torch.bfloat16,
     threshold: float = 1e-2,
 ) -> TraceReport:
-    """Run both models on the same (right-padded) sequences and compare every site."""
+    """Run both models on the same (right-padded) sequences and compare every site. Each model runs on
+    `dtype_*` copies of its parameters, as its engine does (minite.engines.trainer.forward)."""
     names = site_names(model_a)
     with capture(model_a, names) as sa:
-        _forward(model_a, input_ids, attention_mask, autocast_a)
+        _forward(model_a, input_ids, attention_mask, dtype_a)
         ra = [(r.last_topk, r.last_probs) for r in routers(model_a)]
     with capture(model_b, names) as sb:
-        _forward(model_b, input_ids, attention_mask, autocast_b)
+        _forward(model_b, input_ids, attention_mask, dtype_b)
         rb = [(r.last_topk, r.last_probs) for r in routers(model_b)]
     mask = attention_mask.bool()
     sites: list[SiteError] = []

@@ -45,6 +45,11 @@ class BuiltinSampler:
         config = config.__class__.from_dict(config.to_dict())
         config._attn_implementation = "sdpa"
         self.model = Qwen3MoeForCausalLM(config).to(dtype).eval()
+        # `.to(bf16)` also rounds the rotary inv_freq buffers; inference engines (vLLM) and the trainer
+        # keep them in fp32, so restore them (a diagnosis found this as a divergence at attention)
+        fresh = type(self.model.model.rotary_emb)(config)
+        for name, buf in fresh.named_buffers():
+            setattr(self.model.model.rotary_emb, name, buf)
         apply_numerics(self.model, recipe.sampler)
         self.record_routing = record_routing
         for r in routers(self.model):
@@ -96,7 +101,9 @@ class BuiltinSampler:
         def choose(t: int, logits: torch.Tensor) -> torch.Tensor:
             return forced[:, t]
 
-        _, logps, _ = self._decode(prompts, width, choose, stops=set(), lengths_from=[len(c) for c in completions])
+        _, logps, _ = self._decode(
+            prompts, width, choose, stops=set(), lengths_from=[len(c) for c in completions]
+        )
         return [logps[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
     def _decode(self, rows, max_new: int, choose, stops: set[int], lengths_from: list[int] | None = None):
@@ -114,9 +121,17 @@ class BuiltinSampler:
         limit = torch.tensor(lengths_from) if lengths_from is not None else None
         step_ids, step_pos = ids, pos
         for t in range(max_new):
-            logits = self.model(
-                input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
-            ).logits[:, -1].float()
+            logits = (
+                self.model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=step_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
             logp = torch.log_softmax(logits, dim=-1)
             tok = choose(t, logits)
             if limit is not None:

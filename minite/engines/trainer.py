@@ -1,20 +1,22 @@
 """The learner: log-prob recompute and the policy update, with the recipe's trainer numerics.
 
-fp32 master weights; the forward runs under autocast in `compute_dtype` (bf16 by default, as a GPU
-trainer would) with the quantized linears/experts of the recipe swapped in. Log-probs are taken from
+Mixed precision as Megatron/TE trainers do it: fp32 master weights for the optimizer, and a forward
+that runs on bf16 copies of *every* parameter (`compute_dtype`), so the residual stream, norms, router
+and attention run in bf16 exactly as in a bf16 inference engine. (Autocast over fp32 parameters
+would keep an fp32 residual stream and fp32 norm weights that no sampler has: a built-in gap of its
+own.) The casts are differentiable, so gradients land on the fp32 masters. Log-probs come from an
 fp32 log-softmax of the logits.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from minite.engines.base import Completion
-from minite.nn.swap import apply_numerics
+from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
 from minite.rl.grpo import GRPOConfig, grpo_loss
 
@@ -77,22 +79,27 @@ class TokenBatch:
         return TokenBatch(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
 
-def autocast(dtype: torch.dtype, device_type: str = "cpu"):
-    """Autocast to `dtype` (nothing for float32): the trainer's mixed-precision policy."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=dtype)
+def forward(model: nn.Module, dtype: torch.dtype = torch.bfloat16, **inputs) -> torch.Tensor:
+    """Logits of `model` run on `dtype` copies of its parameters (plain call for float32)."""
+    if dtype == torch.float32 or all(p.dtype == dtype for p in model.parameters()):
+        return model(**inputs).logits
+    params = {n: p.to(dtype) for n, p in model.named_parameters()}
+    return torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False).logits
 
 
 def sequence_logprobs(
     model: nn.Module, batch: TokenBatch, dtype: torch.dtype = torch.bfloat16
 ) -> torch.Tensor:
-    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward under autocast."""
+    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward."""
     pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    with autocast(dtype, batch.input_ids.device.type):
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False
-        ).logits
+    logits = forward(
+        model,
+        dtype,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=pos,
+        use_cache=False,
+    )
     idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
     picked = logits.gather(1, idx).float()  # (B, T, V)
     logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
@@ -106,10 +113,11 @@ class Trainer:
         self.optim_cfg = optim
         self.grpo_cfg = grpo
         self.seeds = apply_numerics(self.model, recipe.trainer, seed=seed)
+        self.dtype = torch.bfloat16 if optim.compute_dtype == "bfloat16" else torch.float32
+        set_compute_dtype(self.model, self.dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
         )
-        self.dtype = torch.bfloat16 if optim.compute_dtype == "bfloat16" else torch.float32
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics."""

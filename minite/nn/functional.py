@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from minite.numerics import BLOCK, NVFP4Tensor, QuantSpec, dequantize, nvfp4_matmul_ref, quantize
+from minite.numerics import dispatch
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ def _q(x: torch.Tensor, spec: QuantSpec | None, seeds: SeedSource | None, name: 
     gen = seeds.next() if spec.rounding == "stochastic" and seeds is not None else None
     if spec.rounding == "stochastic" and gen is None:
         gen = torch.Generator().manual_seed(0)
+    if dispatch.use_kernels(x):
+        return dispatch.quantize(x, spec, generator=gen, name=name)
     return quantize(x, spec, generator=gen, name=name)
 
 
@@ -82,6 +85,8 @@ def qmm(
     qa = qa if qa is not None else _q(a, spec_a, seeds, f"{name}.a")
     qb = qb if qb is not None else _q(b, spec_b, seeds, f"{name}.b")
     if qa is not None and qb is not None:
+        if dispatch.use_kernels(qa.qdata, qb.qdata):
+            return dispatch.matmul(qa, qb)
         return nvfp4_matmul_ref(qa, qb)
     a_hp = dequantize(qa) if qa is not None else a.float()
     b_hp = dequantize(qb) if qb is not None else b.float()

@@ -53,6 +53,7 @@ class QuantLinear(nn.Linear):
         self.seeds = seeds
         self.qname = name
         self.packed: NVFP4Tensor | None = None
+        self.compute_dtype: torch.dtype | None = None  # quantize from this copy of the weight
         self._cache = WeightQuantCache()
 
     @classmethod
@@ -67,6 +68,7 @@ class QuantLinear(nn.Linear):
         new.bias = linear.bias
         new.numerics, new.seeds, new.qname = numerics, seeds, name
         new.packed = None
+        new.compute_dtype = None
         new._cache = WeightQuantCache()
         return new
 
@@ -76,9 +78,8 @@ class QuantLinear(nn.Linear):
             return self.packed
         if self.numerics.fprop_weight is None:
             return None
-        return self._cache.get(
-            "w", self.weight, self.weight, self.numerics.fprop_weight, f"{self.qname}.weight"
-        )
+        w = self.weight if self.compute_dtype is None else self.weight.to(self.compute_dtype)
+        return self._cache.get("w", self.weight, w, self.numerics.fprop_weight, f"{self.qname}.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quant_linear(

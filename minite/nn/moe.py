@@ -17,7 +17,7 @@ from torch import nn
 
 from minite.nn.functional import LinearNumerics, SeedSource, quant_linear
 from minite.nn.linear import WeightQuantCache
-from minite.numerics import NVFP4Tensor
+from minite.numerics import NVFP4Tensor, dispatch
 
 
 class QuantExperts(nn.Module):
@@ -32,6 +32,7 @@ class QuantExperts(nn.Module):
         self.down_proj = experts.down_proj  # (E, D, I)
         self.act_fn = experts.act_fn
         self.numerics, self.seeds, self.qname = numerics, seeds, name
+        self.compute_dtype: torch.dtype | None = None  # quantize from this copy of the weights
         self._cache = WeightQuantCache()
         # packed mode (sampler): per expert NVFP4 weights for gate_up (2I, D) and down (D, I)
         self.packed_gate_up: list[NVFP4Tensor] | None = None
@@ -43,14 +44,20 @@ class QuantExperts(nn.Module):
         spec = self.numerics.fprop_weight
         if spec is None:
             return None, None
-        gu = self._cache.get(
-            ("gu", e), self.gate_up_proj, self.gate_up_proj[e], spec, f"{self.qname}.{e}.gate_up"
-        )
-        dn = self._cache.get(("dn", e), self.down_proj, self.down_proj[e], spec, f"{self.qname}.{e}.down")
+        gu_w, dn_w = self.gate_up_proj[e], self.down_proj[e]
+        if self.compute_dtype is not None:
+            gu_w, dn_w = gu_w.to(self.compute_dtype), dn_w.to(self.compute_dtype)
+        gu = self._cache.get(("gu", e), self.gate_up_proj, gu_w, spec, f"{self.qname}.{e}.gate_up")
+        dn = self._cache.get(("dn", e), self.down_proj, dn_w, spec, f"{self.qname}.{e}.down")
         return gu, dn
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         # hidden_states (T, D); top_k_index / top_k_weights (T, A)   # T tokens, A active experts
+        if dispatch.use_kernels(hidden_states) and self.numerics.quantized:
+            from minite.kernels.moe import grouped_supported, quant_experts_forward
+
+            if grouped_supported(self.numerics):  # the same numerics on the grouped kernels
+                return quant_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         # accumulate in fp32: index_add_ is both slow and lossy in bf16 on CPU
         out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
         for e in torch.unique(top_k_index).tolist():

@@ -6,6 +6,7 @@ before or after the swap, and the optimizer sees the same tensors.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from minite.nn.functional import LinearNumerics, SeedSource
@@ -87,3 +88,11 @@ def quantized_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 def routers(model: nn.Module) -> list[nn.Module]:
     return [layer.mlp.gate for layer in decoder_layers(model) if hasattr(layer.mlp, "gate")]
+
+
+def set_compute_dtype(model: nn.Module, dtype: torch.dtype) -> None:
+    """Quantize forward weights from their `dtype` copies (what the forward runs on), so that the
+    weights exported to a sampler are bit-identical to those the trainer's GEMMs used."""
+    for m in quantized_modules(model).values():
+        m.compute_dtype = dtype
+        m._cache.clear()

@@ -5,6 +5,12 @@ Blackwell alike, the MMA sees e2m1·e4m3 products, which are exact in bf16 and f
 fp32, and the two decode scales are applied once in the epilogue (alpha = s_dec_a · s_dec_b, an
 outer product when the scopes are per row). Results differ between implementations only by fp32
 summation order.
+
+The reference itself accumulates in float64 and rounds once to fp32: the products have at most 12
+significant bits, so for realistic block-scale ranges the float64 sum is exact and the result does not
+depend on summation order at all — in particular a row's output does not depend on the other rows
+of the batch (batch invariance, so a sampler decoding one token at a time reproduces the trainer's
+full-sequence GEMM bit for bit). fp32 kernels match it to fp32-summation tolerance.
 """
 
 import torch
@@ -19,7 +25,7 @@ def nvfp4_matmul_ref(
         raise ValueError(f"nvfp4_matmul_ref: K mismatch, A {tuple(a.shape)} vs B {tuple(b.shape)}")
     if b.qdata.ndim != 2:
         raise ValueError(f"nvfp4_matmul_ref: B must be 2-D (N, K), got {tuple(b.shape)}")
-    acc = dequantize_unscaled(a) @ dequantize_unscaled(b).T  # (..., M, N) fp32
+    acc = (dequantize_unscaled(a).double() @ dequantize_unscaled(b).double().T).float()  # (..., M, N)
     sa = decode_scale(a)  # () or (..., M, 1)
     sb = decode_scale(b)  # () or (N, 1)
     out = acc * sa * sb.reshape(1, -1) if sb.ndim else acc * sa * sb

@@ -30,7 +30,7 @@ def _pair(spec=BF16.trainer):
 
 def test_identical_models_have_zero_error_everywhere():
     a, b = _pair()
-    rep = trace(a, b, *_batch())
+    rep = trace(a, b, *_batch(), dtype_a=torch.float32, dtype_b=torch.float32)
     assert rep.first_divergent is None
     assert all(s.rel_l2 == 0 for s in rep.sites)
     assert all(r["agreement"] == 1.0 for r in rep.routing)
@@ -41,7 +41,7 @@ def test_fault_in_one_layer_is_traced_to_that_layer(layer):
     a, b = _pair()
     with torch.no_grad():
         b.model.layers[layer].mlp.experts.down_proj.mul_(1.5)
-    rep = trace(a, b, *_batch())
+    rep = trace(a, b, *_batch(), dtype_a=torch.float32, dtype_b=torch.float32)
     assert rep.first_divergent == f"model.layers.{layer}.mlp.experts"
     order = [s.name for s in rep.sites]
     first_idx = order.index(rep.first_divergent)
@@ -56,7 +56,7 @@ def test_planted_routing_flip_is_counted():
     with torch.no_grad():
         w = b.model.layers[1].mlp.gate.weight
         w[[0, 5]] = w[[5, 0]]
-    rep = trace(a, b, ids, mask)
+    rep = trace(a, b, ids, mask, dtype_a=torch.float32, dtype_b=torch.float32)
     assert [r["agreement"] for r in rep.routing][0] == 1.0
     # independent count from engine a's routing in layer 1
     captured = {}
