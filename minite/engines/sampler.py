@@ -132,6 +132,17 @@ class BuiltinSampler:
                 .logits[:, -1]
                 .float()
             )
+            if not bool(torch.isfinite(logits).all()):
+                from minite.engines.faults import NonFiniteError
+
+                rows_bad = (~torch.isfinite(logits)).any(-1).nonzero().flatten().tolist()
+                raise NonFiniteError(
+                    {
+                        "kind": "activation",
+                        "site": "sampler logits",
+                        "tensor": f"rows {rows_bad[:8]} at decode step {t}",
+                    }
+                )
             logp = torch.log_softmax(logits, dim=-1)
             tok = choose(t, logits)
             if limit is not None:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from minite.engines.base import Completion
+from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
 from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
 from minite.rl.grpo import GRPOConfig, grpo_loss
@@ -131,7 +132,17 @@ class Trainer:
             for i in range(0, len(batch.mask), micro_batch)
         ]
         self.model.train()
-        return torch.cat(out)
+        logp = torch.cat(out)
+        self._check_activations(batch, logp, "logprobs")
+        return logp
+
+    def _check_activations(self, batch: TokenBatch, logp: torch.Tensor, tensor: str) -> None:
+        if bool(torch.isfinite(logp[batch.mask]).all()):
+            return
+        site = locate_activation(self.model, lambda: self.logprobs(batch))
+        raise NonFiniteError(
+            {"kind": "activation", "site": site, "tensor": tensor, "params": nonfinite_params(self.model)[:5]}
+        )
 
     def update(
         self,
@@ -157,6 +168,7 @@ class Trainer:
                 r = rows[i : i + micro_batch]
                 sub = batch.select(r)
                 logp_new = self.logprobs(sub)
+                self._check_activations(sub, logp_new.detach(), "logprobs (update)")
                 loss, stats = grpo_loss(
                     logp_new,
                     logp_old[r],
@@ -165,13 +177,22 @@ class Trainer:
                     self.grpo_cfg,
                     logp_sampler=sub.sampler_logp,
                 )
+                if not bool(torch.isfinite(loss)):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise NonFiniteError({"kind": "loss", "tensor": "grpo_loss", "minibatch": m})
                 # token-mean over the whole minibatch: weight each micro-batch by its share of tokens
                 (loss * sub.mask.sum() / total_tokens).backward()
                 for k, v in stats.items():
                     stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(r) / n
+            bad = nonfinite_grads(self.model)
+            if bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError({"kind": "gradient", "params": bad[:10], "minibatch": m})
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
             stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
-            if not torch.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)} at minibatch {m}")
             self.optimizer.step()
+            bad = nonfinite_params(self.model)
+            if bad:
+                # the update itself overflowed: the weights are gone, so this cannot be skipped
+                raise NonFiniteError({"kind": "parameter", "params": bad[:10], "minibatch": m, "fatal": True})
         return stats_acc

@@ -23,6 +23,7 @@ from minite.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from minite.configuration import ConfigError, from_dict, load_yaml, to_dict
 from minite.diagnostics.metrics import mismatch_metrics
 from minite.engines.base import SamplingParams
+from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
 from minite.engines.weight_sync import export_weights
 from minite.recipes import get_recipe
@@ -68,6 +69,11 @@ class TrainConfig:
     minibatches: int = 1
     micro_batch: int = 64
     checkpoint_every: int = 10
+    # NaN/Inf in activations, loss, gradients or rewards: "stop" (raise; the last checkpoint stays the
+    # one before the fault) or "skip" (no update, no weight sync; the event is logged and training
+    # goes on). Either way the event lands in events.jsonl and MLflow with where it appeared. Weights
+    # that an update itself made non-finite always stop the run (nothing valid is left to continue).
+    on_nonfinite: Literal["stop", "skip"] = "stop"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -186,7 +192,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
     sampler = make_sampler(cfg, model.config, recipe, tokenizer)
     sampler.update_weights(export_weights(trainer.model, recipe, version=start))
     eos = tokenizer.eos_token_id
-    last: dict[str, Any] = {}
     bar = tqdm(
         range(start, cfg.steps),
         desc=f"GRPO {recipe.name} seed {cfg.seed}",
@@ -208,27 +213,38 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
                 seed=cfg.seed * 1_000_003 + step,
                 stop_token_ids=(eos,),
             )
-            groups = sampler.generate(prompts, params)
-            t_roll = time.perf_counter()
-            completions = [c for g in groups for c in g]
-            rewards = torch.tensor(
-                [
-                    reward(tokenizer.decode(c.token_ids), e.answer)
-                    for g, e in zip(groups, exs, strict=True)
-                    for c in g
-                ]
-            )
-            if not torch.isfinite(rewards).all():
-                raise FloatingPointError(f"step {step}: non-finite reward")
-            batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
-            logp_old = trainer.recompute_logprobs(batch, cfg.micro_batch)
-            gap = mismatch_metrics(logp_old, batch.sampler_logp, batch.mask)
-            adv = group_advantages(
-                rewards, group, scale_by_std=cfg.grpo.scale_adv_by_std, eps=cfg.grpo.adv_eps
-            )
-            stats = trainer.update(
-                batch, adv, logp_old, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch
-            )
+            try:
+                groups = sampler.generate(prompts, params)
+                t_roll = time.perf_counter()
+                completions = [c for g in groups for c in g]
+                rewards = torch.tensor(
+                    [
+                        reward(tokenizer.decode(c.token_ids), e.answer)
+                        for g, e in zip(groups, exs, strict=True)
+                        for c in g
+                    ]
+                )
+                batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
+                if not bool(torch.isfinite(rewards).all()):
+                    raise NonFiniteError({"kind": "reward", "tensor": "rewards"})
+                logp_old = trainer.recompute_logprobs(batch, cfg.micro_batch)
+                gap = mismatch_metrics(logp_old, batch.sampler_logp, batch.mask)
+                adv = group_advantages(
+                    rewards, group, scale_by_std=cfg.grpo.scale_adv_by_std, eps=cfg.grpo.adv_eps
+                )
+                stats = trainer.update(
+                    batch, adv, logp_old, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch
+                )
+            except NonFiniteError as err:
+                event = {"step": step, "action": cfg.on_nonfinite, **err.event}
+                _append_jsonl(out / "events.jsonl", event)
+                if log_fn is not None:
+                    log_fn({"step": step, "fault/nonfinite": 1.0})
+                if cfg.on_nonfinite == "stop" or err.event.get("fatal"):
+                    raise
+                _append_jsonl(metrics_path, {"step": step, "skipped": 1.0, "fault/nonfinite": 1.0})
+                bar.set_postfix(skipped=step)
+                continue
             t_learn = time.perf_counter()
             sampler.update_weights(export_weights(trainer.model, recipe, version=step + 1))
             record: dict[str, Any] = {
@@ -257,20 +273,27 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
                     ckpt_path, trainer.model, trainer.optimizer, {"step": step + 1, "recipe": recipe.name}
                 )
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{gap['logp_abs_diff_mean']:.1e}")
-            last = record
     finally:
         sampler.close()
     records = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
+    done = [r for r in records if not r.get("skipped")]
+
+    def avg(key: str) -> float | None:
+        vals = [r[key] for r in done if key in r]
+        return sum(vals) / len(vals) if vals else None
+
+    evals = [r["eval/accuracy"] for r in done if "eval/accuracy" in r]
     summary = {
         "recipe": recipe.name,
         "seed": cfg.seed,
         "steps": cfg.steps,
-        "reward_first": records[0]["reward_mean"] if records else None,
-        "reward_last": last.get("reward_mean", records[-1]["reward_mean"] if records else None),
-        "eval_accuracy_final": records[-1].get("eval/accuracy") if records else None,
-        "logp_abs_diff_mean_avg": sum(r["mismatch/logp_abs_diff_mean"] for r in records)
-        / max(1, len(records)),
-        "kl_k3_avg": sum(r["mismatch/kl_k3"] for r in records) / max(1, len(records)),
+        "skipped_steps": len(records) - len(done),
+        "reward_first": done[0]["reward_mean"] if done else None,
+        "reward_last": done[-1]["reward_mean"] if done else None,
+        "eval_accuracy_final": evals[-1] if evals else None,
+        "logp_abs_diff_mean_avg": avg("mismatch/logp_abs_diff_mean"),
+        "kl_k3_avg": avg("mismatch/kl_k3"),
+        "token_mult_prob_error_avg": avg("mismatch/token_mult_prob_error"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
