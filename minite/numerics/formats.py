@@ -45,8 +45,10 @@ def e2m1_encode_stochastic(x: torch.Tensor, generator: torch.Generator) -> torch
     x = x.float()
     mag = x.abs().clamp(max=F4_MAX)
     grid = _e2m1_table(x.device)
-    # lower code: largest grid point <= mag
-    lo = (torch.bucketize(mag, grid, right=True) - 1).clamp(0, 6)
+    # lower code: largest grid point <= mag (7 exact comparisons; cheaper than bucketize on CPU)
+    lo = torch.zeros(x.shape, dtype=torch.long, device=x.device)
+    for g in E2M1_VALUES[1:7]:
+        lo += (mag >= g).long()
     lo_val = grid[lo]
     hi_val = grid[lo + 1]
     p_up = (mag - lo_val) / (hi_val - lo_val)
