@@ -44,6 +44,10 @@ def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedS
     seeds = SeedSource(seed)
     if getattr(model, "_minite_numerics", None) is not None:
         raise RuntimeError("apply_numerics: model already has miniTE numerics applied")
+    if hasattr(model, "set_experts_implementation"):
+        # every engine runs the bf16 experts with transformers' plain per-expert loop, whatever the
+        # library default ("grouped_mm") is, so two engines never differ by an implementation choice
+        model.set_experts_implementation("eager")
     lin = linear_numerics(spec)
     layers = decoder_layers(model)
     n = len(layers)
