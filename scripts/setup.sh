@@ -13,7 +13,7 @@ if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
   exit 0
 fi
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-warn-script-location)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24"
 # torch first, pinned exactly: a bare `torch` or an open range would pull a multi-GB CUDA build.
 "${PIP[@]}" install -q "torch==2.13.0"
