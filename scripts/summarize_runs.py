@@ -41,8 +41,8 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
     lines = [
-        "| recipe | steps | reward (first → last sixth) | greedy eval accuracy by step | mean abs Δlogp | max abs Δlogp"
-        " | kl_k3 | bitwise-equal tokens | s/step (CPU) |",
+        "| recipe | steps | reward (first → last sixth) | greedy eval accuracy by step | mean abs Δlogp"
+        " | max abs Δlogp | kl_k3 | bitwise-equal tokens | s/step (CPU) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -1,0 +1,117 @@
+"""Prepare stage of the tiny reproduction: task data + SFT-warm-started base model, written atomically.
+
+Why one function: the data and the base model are the common input of every RL run (BF16, TE-style
+NVFP4, miniTE-aligned), so they are produced once, deterministically from the configs, and never
+half-written: everything goes to a temporary sibling directory that is renamed into place only when
+complete, so an interrupted run cannot leave a directory that a later workflow step mistakes for a
+finished one.
+
+Output layout:
+    out_dir/data/train.jsonl, out_dir/data/eval.jsonl   {"prompt", "answer"} per line
+    out_dir/base_model/                                 HF layout (safetensors, config, tokenizer)
+    out_dir/prepare_metrics.json                        accuracy before/after SFT, timings, configs
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from minite.models.tiny import build_tiny_config, build_tiny_model, save_model
+from minite.models.tokenizer import build_tokenizer
+from minite.rl.sft import SFTConfig, accuracy, sft
+from minite.rl.task import TaskConfig, generate, save_jsonl
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move the finished `tmp` to `out`; an existing `out` is swapped out first, then deleted."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def prepare_tiny(
+    out_dir: str | Path,
+    task_cfg: TaskConfig | None = None,
+    model_overrides: dict[str, Any] | None = None,
+    sft_cfg: SFTConfig | None = None,
+) -> dict[str, Any]:
+    """Generate the task splits, build + SFT the tiny model, write everything under `out_dir`.
+
+    The model is initialised with `sft_cfg.seed`; eval-split accuracy (greedy exact match) is
+    measured before and after SFT. Returns the metrics also written to prepare_metrics.json.
+    """
+    task_cfg = task_cfg or TaskConfig()
+    sft_cfg = sft_cfg or SFTConfig()
+    model_overrides = dict(model_overrides or {})
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    t0 = time.perf_counter()
+    try:
+        train, ev = generate(task_cfg)
+        (tmp / "data").mkdir(parents=True)
+        save_jsonl(train, tmp / "data" / "train.jsonl")
+        save_jsonl(ev, tmp / "data" / "eval.jsonl")
+
+        tokenizer = build_tokenizer()
+        model_cfg = build_tiny_config(**model_overrides)
+        model = build_tiny_model(model_cfg, seed=sft_cfg.seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(sft_cfg.num_threads)
+        try:
+            eval_before = accuracy(model, tokenizer, ev)
+            sft_metrics = sft(model, tokenizer, train, sft_cfg)
+            eval_after = accuracy(model, tokenizer, ev)
+        finally:
+            torch.set_num_threads(threads)
+        save_model(model, tokenizer, tmp / "base_model")
+
+        metrics = {
+            "eval_acc_before": eval_before,
+            "eval_acc_after": eval_after,
+            "holdout_acc_before": sft_metrics["acc_before"],
+            "holdout_acc_after": sft_metrics["acc_after"],
+            "in_band": sft_metrics["in_band"],
+            "sft_steps": sft_metrics["steps"],
+            "sft_stop_reason": sft_metrics["stop_reason"],
+            "sft_wall_s": sft_metrics["wall_s"],
+            "wall_s": time.perf_counter() - t0,
+            "n_train": len(train),
+            "n_eval": len(ev),
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "model_sha256": _sha256(tmp / "base_model" / "model.safetensors"),
+            "task_config": asdict(task_cfg),
+            "model_overrides": model_overrides,
+            "model_config": model_cfg.to_dict(),
+            "sft": sft_metrics,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        }
+        (tmp / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return metrics
