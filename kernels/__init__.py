@@ -1,0 +1,41 @@
+"""minite.kernels: Triton NVFP4 kernels for Hopper (H200), each the twin of a pure-torch reference.
+
+    quantize.py      fused quantize (1x16 / 16x16, tensor / row / static scope, RNE / stochastic, RHT,
+                     transposed, batched, grouped by expert)       <- minite.numerics.quantize
+    gemm.py          W4A4 GEMM (dequantize in registers, fp16 MMA, fp32 accumulate), decode config,
+                     batch-invariant config                        <- minite.numerics.nvfp4_matmul_ref
+    grouped_gemm.py  grouped W4A4 GEMMs for MoE experts: forward/dgrad and wgrad
+    moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
+
+This folder is installed as the package `minite.kernels` (never import it as top-level `kernels`).
+Callers normally go through minite.numerics.dispatch (`use_kernels`, `quantize`, `matmul`), which
+picks the kernels for CUDA tensors and the reference otherwise.
+"""
+
+from ._triton import HAS_TRITON, TritonUnavailableError
+from .gemm import BATCH_INVARIANT_CONFIG, DECODE_CONFIG, GemmConfig, nvfp4_matmul, pick_config
+from .grouped_gemm import nvfp4_grouped_matmul, nvfp4_grouped_wgrad
+from .quantize import (
+    nvfp4_quantize,
+    nvfp4_quantize_batched,
+    nvfp4_quantize_grouped,
+    nvfp4_quantize_segments_t,
+    row_amax,
+)
+
+__all__ = [
+    "BATCH_INVARIANT_CONFIG",
+    "DECODE_CONFIG",
+    "HAS_TRITON",
+    "GemmConfig",
+    "TritonUnavailableError",
+    "nvfp4_grouped_matmul",
+    "nvfp4_grouped_wgrad",
+    "nvfp4_matmul",
+    "nvfp4_quantize",
+    "nvfp4_quantize_batched",
+    "nvfp4_quantize_grouped",
+    "nvfp4_quantize_segments_t",
+    "pick_config",
+    "row_amax",
+]

@@ -11,17 +11,38 @@ dispatches to the Triton kernels once they exist (minite.kernels); the reference
 
 Stochastic rounding draws come from a generator seeded per (layer seed, step, call), not from global
 RNG state, so a resumed run repeats the same draws.
+
+Data parallelism (`amax_sync`). A per-tensor global scale couples every token of the tensor: on a data
+parallel rank it would be the amax of the rank's shard, not of the global batch. Inside
+`with amax_sync(group):` the operands whose rows are tokens and whose blocks run along features (fprop
+activation x, dgrad gradient dy) take the amax all-reduced (max) over `group` when their scope is
+"tensor", so each rank quantizes its tokens exactly as one process would on the whole batch. Per-row
+scopes need no communication (a token's scale is its own), and weights are whole on every rank under
+FSDP (all-gathered before the forward), so their per-tensor amax is already global. The wgrad operands
+run their blocks along the token dim: a rank quantizes its own tokens, as one process does per
+micro-batch (gradient accumulation), and nothing is reduced.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from minite.numerics import BLOCK, NVFP4Tensor, QuantSpec, dequantize, nvfp4_matmul_ref, quantize
-from minite.numerics import dispatch
+from minite.numerics import (
+    BLOCK,
+    NVFP4Tensor,
+    QuantSpec,
+    apply_rht,
+    dequantize,
+    dispatch,
+    nvfp4_matmul_ref,
+    quantize,
+)
 
 
 @dataclass(frozen=True)
@@ -59,15 +80,74 @@ class SeedSource:
         return g
 
 
-def _q(x: torch.Tensor, spec: QuantSpec | None, seeds: SeedSource | None, name: str) -> NVFP4Tensor | None:
+# --- data parallelism: per-tensor amax over the ranks (see the module docstring) -------------------
+
+_AMAX_GROUP: object | None = None  # a torch.distributed ProcessGroup while `amax_sync` is active
+
+
+@contextlib.contextmanager
+def amax_sync(group) -> Iterator[None]:
+    """All-reduce (max) per-tensor amaxes of token operands over `group` (None: off) in this block.
+
+    Every rank must run the same sequence of quantized GEMMs (same layers, same experts) while it is
+    on; `QuantExperts` loops over the union of the ranks' experts for that reason."""
+    global _AMAX_GROUP
+    prev, _AMAX_GROUP = _AMAX_GROUP, group
+    try:
+        yield
+    finally:
+        _AMAX_GROUP = prev
+
+
+def amax_sync_group():
+    return _AMAX_GROUP
+
+
+def needs_amax_sync(numerics: LinearNumerics) -> bool:
+    """Does a token operand (fprop activation, dgrad gradient) of these numerics use a per-tensor scale?"""
+    return any(s is not None and s.scope == "tensor" for s in (numerics.fprop_act, numerics.dgrad_grad))
+
+
+def _synced_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The amax `quantize` would take over x with scope "tensor", max-reduced over the sync group."""
+    import torch.distributed as dist
+
+    if x.numel():
+        x32 = apply_rht(x.float(), spec.rht_signs) if spec.rht else x.float()
+        amax = torch.where(torch.isfinite(x32), x32, torch.zeros_like(x32)).abs().amax()
+    else:
+        amax = torch.zeros((), dtype=torch.float32, device=x.device)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=_AMAX_GROUP)
+    return amax
+
+
+def _q(
+    x: torch.Tensor,
+    spec: QuantSpec | None,
+    seeds: SeedSource | None,
+    name: str,
+    *,
+    token_rows: bool = False,
+) -> NVFP4Tensor | None:
+    """Quantize one GEMM operand. `token_rows`: x is (tokens, features), blocks along features: its
+    per-tensor amax is all-reduced under `amax_sync`. Returns None for spec None or an empty x."""
     if spec is None:
+        return None
+    amax = None
+    if token_rows and spec.scope == "tensor" and _AMAX_GROUP is not None:
+        amax = _synced_amax(x, spec)  # collective: every rank calls it, also with no tokens
+    if x.numel() == 0:
         return None
     gen = seeds.next() if spec.rounding == "stochastic" and seeds is not None else None
     if spec.rounding == "stochastic" and gen is None:
         gen = torch.Generator().manual_seed(0)
+    qspec = spec if amax is None else dataclasses.replace(spec, scope="static")
     if dispatch.use_kernels(x):
-        return dispatch.quantize(x, spec, generator=gen, name=name)
-    return quantize(x, spec, generator=gen, name=name)
+        q = dispatch.quantize(x, qspec, amax=amax, generator=gen, name=name)
+    else:
+        q = quantize(x, qspec, amax=amax, generator=gen, name=name)
+    q.spec = spec  # the same numbers as scope "tensor" over the global batch
+    return q
 
 
 def qmm(
@@ -80,9 +160,15 @@ def qmm(
     qa: NVFP4Tensor | None = None,
     qb: NVFP4Tensor | None = None,
     name: str = "gemm",
+    a_token_rows: bool = False,
 ) -> torch.Tensor:
-    """a (M, K) @ b (N, K)ᵀ -> (M, N) float32, each operand quantized along K per its spec."""
-    qa = qa if qa is not None else _q(a, spec_a, seeds, f"{name}.a")
+    """a (M, K) @ b (N, K)ᵀ -> (M, N) float32, each operand quantized along K per its spec.
+
+    `a_token_rows`: a's rows are tokens (fprop x, dgrad dy), see `amax_sync`."""
+    if qa is None:
+        qa = _q(a, spec_a, seeds, f"{name}.a", token_rows=a_token_rows)
+    if a.shape[0] == 0:  # no tokens on this rank (an expert under amax_sync): nothing to multiply
+        return torch.zeros((0, b.shape[0]), dtype=torch.float32, device=a.device)
     qb = qb if qb is not None else _q(b, spec_b, seeds, f"{name}.b")
     if qa is not None and qb is not None:
         if dispatch.use_kernels(qa.qdata, qb.qdata):
@@ -105,7 +191,14 @@ class QuantLinearFunction(torch.autograd.Function):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         y = qmm(
-            x2, weight, numerics.fprop_act, numerics.fprop_weight, seeds, qb=qweight, name=f"{name}.fprop"
+            x2,
+            weight,
+            numerics.fprop_act,
+            numerics.fprop_weight,
+            seeds,
+            qb=qweight,
+            name=f"{name}.fprop",
+            a_token_rows=True,
         )
         if bias is not None:
             y = y + bias.float()
@@ -122,10 +215,18 @@ class QuantLinearFunction(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = qmm(
-                dy2, weight.T.contiguous(), n.dgrad_grad, n.dgrad_weight, ctx.seeds, name=f"{ctx.name}.dgrad"
+                dy2,
+                weight.T.contiguous(),
+                n.dgrad_grad,
+                n.dgrad_weight,
+                ctx.seeds,
+                name=f"{ctx.name}.dgrad",
+                a_token_rows=True,
             )
             dx = dx.to(ctx.x_dtype).reshape(*ctx.lead, weight.shape[1])
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and x2.shape[0] == 0:
+            dw = torch.zeros_like(weight)
+        elif ctx.needs_input_grad[1]:
             dw = qmm(
                 _pad_rows(dy2).T.contiguous(),
                 _pad_rows(x2.float()).T.contiguous(),

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite.nn.functional import LinearNumerics, SeedSource, quant_linear
+from minite.nn.functional import LinearNumerics, SeedSource, amax_sync_group, needs_amax_sync, quant_linear
 from minite.nn.linear import WeightQuantCache
 from minite.numerics import NVFP4Tensor, dispatch
 
@@ -51,16 +51,28 @@ class QuantExperts(nn.Module):
         dn = self._cache.get(("dn", e), self.down_proj, dn_w, spec, f"{self.qname}.{e}.down")
         return gu, dn
 
+    def _experts_to_run(self, top_k_index: torch.Tensor, synced: bool) -> list[int]:
+        """The experts this rank routes tokens to; under a per-tensor `amax_sync`, those of any rank
+        (each expert's amax is a collective, so every rank runs every such expert, some with 0 tokens)."""
+        if not synced:
+            return torch.unique(top_k_index).tolist()
+        import torch.distributed as dist
+
+        counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts).float()
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=amax_sync_group())
+        return torch.nonzero(counts).reshape(-1).tolist()
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         # hidden_states (T, D); top_k_index / top_k_weights (T, A)   # T tokens, A active experts
-        if dispatch.use_kernels(hidden_states) and self.numerics.quantized:
+        synced = amax_sync_group() is not None and needs_amax_sync(self.numerics)
+        if dispatch.use_kernels(hidden_states) and self.numerics.quantized and not synced:
             from minite.kernels.moe import grouped_supported, quant_experts_forward
 
             if grouped_supported(self.numerics):  # the same numerics on the grouped kernels
                 return quant_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         # accumulate in fp32: index_add_ is both slow and lossy in bf16 on CPU
         out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
-        for e in torch.unique(top_k_index).tolist():
+        for e in self._experts_to_run(top_k_index, synced):
             tok, pos = torch.where(top_k_index == e)
             x = hidden_states[tok]
             qgu, qdn = self.quantized_weights(e)

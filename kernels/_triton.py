@@ -1,0 +1,289 @@
+"""Triton import guard and the element codecs the NVFP4 kernels share.
+
+Triton is optional (pyproject extra `triton`): without it `HAS_TRITON` is False, the kernels are not
+defined and every host wrapper raises `TritonUnavailableError` with the reason. Under
+TRITON_INTERPRET=1 the same kernels run on CPU tensors through Triton's numpy interpreter (CI).
+
+The codecs here are bit-level, so they give the same bits on the GPU and in the interpreter:
+
+- `_e4m3_rne(v)`: float32 v in [0, 448] -> (the E4M3 value as float32, its byte). Round to nearest
+  even by integer arithmetic on the float32 bits (normal range) or on v * 2^9 (subnormal range), so
+  it does not depend on how a backend converts float32 to float8 (the interpreter's float8 downcast
+  rounds ties away from zero; the GPU's cvt.rn.satfinite is RNE).
+- `_e2m1_rne(v)`: E2M1 code of a scaled value, nearest-even and saturating, exactly as
+  minite.numerics.formats.e2m1_encode_rne (which compares against the midpoints), in float ops.
+- `_dequant_half(packed, scale, HI)`: one nibble of each byte, decoded as e2m1 * e4m3 * 2^-9 in
+  float16. Every such product has at most 6 significant bits and lies in [2^-19, 5.25] (a zero or a
+  NaN aside), so it is *exact* in float16: the MMA sees exactly the reference's products, scaled by
+  the power of two 2^-18 (2^-9 per operand) that the GEMM epilogue takes back (exact as well).
+  The bits are built directly: a nibble s e1 e0 m placed at float16 bits 15 and 11..9 is the E2M1
+  value times 2^-14, and an E4M3 byte shifted left by 7 is the E4M3 value times 2^-8.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from minite.numerics.constants import F4_MAX, F8_F4_MAX, F8_MAX, FLOAT32_MAX
+
+try:  # pragma: no cover - exercised by the presence or absence of triton
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+    _IMPORT_ERROR = ""
+except ImportError as exc:  # pragma: no cover
+    triton = None
+    tl = None
+    HAS_TRITON = False
+    _IMPORT_ERROR = str(exc)
+
+
+class TritonUnavailableError(RuntimeError):
+    """Raised by a kernel wrapper when Triton cannot run here."""
+
+
+def interpret_mode() -> bool:
+    """True when Triton runs its numpy interpreter (TRITON_INTERPRET=1): kernels take CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def require_triton(what: str) -> None:
+    if not HAS_TRITON:
+        raise TritonUnavailableError(
+            f"minite.kernels.{what} needs Triton (pip install 'minite[triton]'); "
+            f"import failed: {_IMPORT_ERROR}"
+        )
+
+
+def check_device(what: str, *tensors) -> None:
+    """CUDA tensors on the GPU; CPU tensors only under the interpreter."""
+    for t in tensors:
+        if t is None:
+            continue
+        if t.is_cuda:
+            if interpret_mode():
+                raise TritonUnavailableError(
+                    f"{what}: TRITON_INTERPRET=1 runs on CPU tensors, got a CUDA tensor"
+                )
+        elif not interpret_mode():
+            raise TritonUnavailableError(
+                f"{what}: Triton kernels run on CUDA tensors (or on CPU with TRITON_INTERPRET=1); got a "
+                f"{t.device.type} tensor: use minite.numerics for the CPU reference"
+            )
+
+
+# Tests set POISON to a byte value: every output a wrapper allocates is then filled with it (integer
+# dtypes) or with NaN (float dtypes) before the launch, so an element the kernel never writes shows.
+POISON: int | None = None
+
+
+def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.empty for kernel outputs (poisoned under tests, see POISON)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if POISON is not None:
+        t.fill_(float("nan") if dtype.is_floating_point else POISON)
+    return t
+
+
+# float32(1/6), the constant torch multiplies by in `s_enc * (1.0 / F4_MAX)` (a float32 op)
+ONE_SIXTH_F32 = float(torch.tensor(1.0 / F4_MAX, dtype=torch.float32))
+# Each dequantized operand carries a factor 2^-9 (see above), so a product of two carries 2^-18: the
+# GEMM epilogue multiplies the float32 accumulator by 2^18 (exact).
+ACC_SHIFT = 262144.0  # 2^18
+
+CONSTS = {
+    "F8_MAX": F8_MAX,
+    "F8_F4_MAX": F8_F4_MAX,
+    "FLOAT32_MAX": FLOAT32_MAX,
+    "ONE_SIXTH": ONE_SIXTH_F32,
+}
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _e4m3_rne(v):
+        """v float32 in [0, 448] (finite) -> (E4M3 value as float32, byte as int32), RNE."""
+        bits = v.to(tl.int32, bitcast=True)
+        # normal E4M3 (v >= 2^-6): keep 3 mantissa bits, ties to even; a carry moves into the exponent
+        rb = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # 0xFFF00000 as int32
+        exp = ((rb >> 23) & 0xFF) - 120  # E4M3 exponent field: e - 127 + 7
+        byte_n = (exp << 3) | ((rb >> 20) & 7)
+        val_n = rb.to(tl.float32, bitcast=True)
+        # subnormal E4M3 (v < 2^-6): multiples of 2^-9; round t = v * 2^9 (exact) to an integer, ties even
+        t = v * 512.0
+        fl = t.to(tl.int32)  # t >= 0: truncation is floor
+        frac = t - fl.to(tl.float32)
+        up = (frac > 0.5) | ((frac == 0.5) & ((fl & 1) == 1))
+        n = fl + up.to(tl.int32)  # 0..8; 8 is 2^-6, byte 0x08, the smallest normal
+        val_s = n.to(tl.float32) * (1.0 / 512.0)
+        normal = v >= 0.015625
+        return tl.where(normal, val_n, val_s), tl.where(normal, byte_n, n)
+
+    @triton.jit
+    def _e2m1_rne(scaled):
+        """Scaled value -> E2M1 code 0..7, nearest-even, saturating: formats.e2m1_encode_rne exactly
+        (checked on every 7th float32 in [0, 7) and on each midpoint and its neighbours).
+
+        With t = min(|v|, 6) the grid is three uniform pieces: codes rne(2t) on [0, 2), 2 + rne(t)
+        on [2, 4) and 4 + rne(t / 2) on [4, 6]. rne(y) + k is read off the bits of y + (1.5·2^23 + k):
+        in [2^23, 2^24) the float32 spacing is 1, so the addition rounds y to an integer, ties to
+        even, and the integer sits in the low mantissa bits (2t and t / 2 are exact, so an FMA
+        gives the same bits). Nine mostly-float instructions instead of seven compares and adds."""
+        t = tl.minimum(tl.abs(scaled), 6.0)
+        a = t * 2.0 + 12582912.0
+        b = t + 12582914.0
+        c = t * 0.5 + 12582916.0
+        r = tl.where(t < 2.0, a, tl.where(t < 4.0, b, c))
+        return r.to(tl.int32, bitcast=True) & 0xF
+
+    @triton.jit
+    def _max_nan(a, b):
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
+    def _e2m1_stochastic(mag, u):
+        """|scaled value|, uniform u in [0, 1) -> E2M1 code, rounding up with probability equal to the
+        distance from the lower grid point over the gap (formats.e2m1_encode_stochastic)."""
+        m = tl.minimum(mag, 6.0)
+        lo = (m >= 0.5).to(tl.int32)
+        lo += (m >= 1.0).to(tl.int32)
+        lo += (m >= 1.5).to(tl.int32)
+        lo += (m >= 2.0).to(tl.int32)
+        lo += (m >= 3.0).to(tl.int32)
+        lo += (m >= 4.0).to(tl.int32)
+        lo_val = tl.where(
+            lo < 4, lo.to(tl.float32) * 0.5, tl.where(lo == 4, 2.0, tl.where(lo == 5, 3.0, 4.0))
+        )
+        inv_gap = tl.where(lo < 4, 2.0, tl.where(lo < 6, 1.0, 0.5))  # gaps are powers of two: exact
+        p_up = (m - lo_val) * inv_gap
+        code = lo + (u < p_up).to(tl.int32)
+        return tl.where(m >= 6.0, 7, code)
+
+    @triton.jit
+    def _s_enc_from_amax(amax, F8_F4_MAX: tl.constexpr, FLOAT32_MAX: tl.constexpr, POW2: tl.constexpr):
+        """nvfp4.global_encode_scale: clamp(2688 / amax, max=FLT_MAX), 1 for amax == 0 (or s == 0);
+        with POW2 the largest power of two <= s (s is a normal float32 here: >= 2688 / FLT_MAX)."""
+        safe = tl.where(amax == 0.0, 1.0, amax)  # (no division by zero: the interpreter would warn)
+        s = tl.minimum(tl.math.div_rn(tl.full(amax.shape, F8_F4_MAX, tl.float32), safe), FLOAT32_MAX)
+        s = tl.where((amax == 0.0) | (s == 0.0), 1.0, s)
+        if POW2:
+            s = (s.to(tl.int32, bitcast=True) & -8388608).to(tl.float32, bitcast=True)  # 0xFF800000
+        return s
+
+    @triton.jit
+    def _e4m3_to_f16_x32(b):
+        """E4M3 bytes (any int dtype, values 0..255) -> float16 value * 2^5, exact; NaN bytes -> NaN."""
+        b16 = b.to(tl.uint16)
+        v = ((b16 & 0x7F) << 7).to(tl.float16, bitcast=True) * 8192.0  # (value * 2^-8) * 2^13
+        v = tl.where((b16 & 0x7F) == 0x7F, float("nan"), v)
+        return tl.where((b16 & 0x80) != 0, -v, v)
+
+    @triton.jit
+    def _dequant_half(p, s, HI: tl.constexpr, ROWS: tl.constexpr, HALF_K: tl.constexpr):
+        """p uint8 (ROWS, HALF_K) packed bytes, s float16 (ROWS, HALF_K // 8) from _e4m3_to_f16_x32
+        -> float16 (ROWS, HALF_K): the low (HI=False) or high nibble of each byte, as
+        e2m1 * e4m3 * 2^-9 (exact)."""
+        p16 = p.to(tl.uint16)
+        if HI:
+            bits = ((p16 & 0x70) << 5) | ((p16 & 0x80) << 8)
+        else:
+            bits = ((p16 & 0x7) << 9) | ((p16 & 0x8) << 12)
+        e2m1 = bits.to(tl.float16, bitcast=True)  # e2m1 * 2^-14
+        sb = tl.reshape(tl.broadcast_to(s[:, :, None], (ROWS, HALF_K // 8, 8)), (ROWS, HALF_K))
+        return e2m1 * sb  # e2m1 * 2^-14 * e4m3 * 2^5
+
+    # PTX for 4 packed bytes at a time: both nibbles of each byte to float16 bits (prmt spreads bytes
+    # b0, b1 into the two 16-bit lanes of a word), then one mul.f16x2 by the scales: 2-3 instructions
+    # per element instead of the ~6 that the element-wise Triton ops compile to. GPU only.
+    _DEQUANT_PTX = tl.constexpr(
+        """
+    {
+    .reg .b32 z, t0, t1, m, g;
+    mov.b32 z, 0;
+    prmt.b32 t0, $4, z, 0x4140;
+    prmt.b32 t1, $4, z, 0x4342;
+    and.b32 m, t0, 0x00070007; shl.b32 m, m, 9; and.b32 g, t0, 0x00080008; shl.b32 g, g, 12; or.b32 m, m, g;
+    mul.rn.f16x2 $0, m, $5;
+    and.b32 m, t1, 0x00070007; shl.b32 m, m, 9; and.b32 g, t1, 0x00080008; shl.b32 g, g, 12; or.b32 m, m, g;
+    mul.rn.f16x2 $1, m, $6;
+    and.b32 m, t0, 0x00700070; shl.b32 m, m, 5; and.b32 g, t0, 0x00800080; shl.b32 g, g, 8; or.b32 m, m, g;
+    mul.rn.f16x2 $2, m, $5;
+    and.b32 m, t1, 0x00700070; shl.b32 m, m, 5; and.b32 g, t1, 0x00800080; shl.b32 g, g, 8; or.b32 m, m, g;
+    mul.rn.f16x2 $3, m, $6;
+    }
+    """
+    )
+
+    @triton.jit
+    def _dequant_pair(p, s, ROWS: tl.constexpr, HALF_K: tl.constexpr, ASM: tl.constexpr):
+        """Both nibbles of p uint8 (ROWS, HALF_K) as float16 e2m1 * e4m3 * 2^-9 (low, high); s float16
+        (ROWS, HALF_K // 8) from _e4m3_to_f16_x32. ASM: the PTX above, else element-wise Triton ops."""
+        if ASM:
+            sb = tl.reshape(tl.broadcast_to(s[:, :, None], (ROWS, HALF_K // 8, 8)), (ROWS, HALF_K))
+            lo, hi = tl.inline_asm_elementwise(
+                _DEQUANT_PTX,
+                "=r,=r,=r,=r,r,r,r",
+                [p, sb],
+                dtype=(tl.float16, tl.float16),
+                is_pure=True,
+                pack=4,
+            )
+        else:
+            lo = _dequant_half(p, s, False, ROWS, HALF_K)
+            hi = _dequant_half(p, s, True, ROWS, HALF_K)
+        return lo, hi
+
+    @triton.jit
+    def _w4a4_mainloop(
+        a_q,
+        a_s,
+        b_q,
+        b_s,
+        k_lo,
+        k_hi,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        ASM: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        """sum over k in [k_lo, k_hi) (multiples of 16) of A[:, k] B[:, k], float32, times 2^-18.
+
+        a_q / b_q: pointers (rows, BLOCK_K // 2) to the packed bytes of element 0 of each row (the
+        columns are arange(BLOCK_K // 2)); a_s / b_s: the same for the scale bytes (BLOCK_K // 16).
+        Every row pointer must be valid (callers clamp out-of-range rows onto real ones and drop
+        them at the store), so only K needs a mask, and none when EVEN_K (k_hi - k_lo a multiple of
+        BLOCK_K): unmasked loads vectorize and skip a predicate per element."""
+        HK: tl.constexpr = BLOCK_K // 2
+        SK: tl.constexpr = BLOCK_K // 16
+        kb = tl.arange(0, HK)
+        ks = tl.arange(0, SK)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            if EVEN_K:
+                ap = tl.load(a_q + k0 // 2)
+                asb = tl.load(a_s + k0 // 16)
+                bp = tl.load(b_q + k0 // 2)
+                bsb = tl.load(b_s + k0 // 16)
+            else:
+                qk = ((k0 // 2 + kb) < k_hi // 2)[None, :]
+                sk = ((k0 // 16 + ks) < k_hi // 16)[None, :]
+                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
+                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
+                bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
+                bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
+            a_lo, a_hi = _dequant_pair(ap, _e4m3_to_f16_x32(asb), BLOCK_M, HK, ASM)
+            b_lo, b_hi = _dequant_pair(bp, _e4m3_to_f16_x32(bsb), BLOCK_N, HK, ASM)
+            acc = tl.dot(a_lo, tl.trans(b_lo), acc)
+            acc = tl.dot(a_hi, tl.trans(b_hi), acc)
+        return acc
+
+    @triton.jit
+    def _decode_scale(gs_ptrs, mask):
+        """s_dec = 1 / s_enc, correctly rounded like torch's reciprocal (the reference's 1.0 / gs)."""
+        g = tl.load(gs_ptrs, mask=mask, other=1.0)
+        return tl.math.div_rn(tl.full(g.shape, 1.0, tl.float32), g)

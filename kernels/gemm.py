@@ -1,0 +1,563 @@
+"""W4A4 GEMM on Hopper: out = A Bᵀ with A (M, K) and B (N, K) both NVFP4 along K.
+
+The H200 has no FP4 tensor cores. Each K step loads the packed bytes and E4M3 scale bytes of an A tile
+and a B tile, decodes them in registers to float16 values e2m1·e4m3·2^-9 (exact: see _triton.py)
+and runs float16 MMAs with float32 accumulation; the epilogue applies, in the reference's order,
+    out = ((acc · 2^18) · s_dec_a) · s_dec_b  (+ bias)  -> out dtype
+with s_dec = 1 / s_enc correctly rounded (a scalar, or one per row of A / of B for per-row scopes).
+The MMA sees exactly the products `nvfp4_matmul_ref` multiplies, so the result differs from the
+reference only by float32 summation order. Within a tile the K step is split into the low and high
+nibbles of each byte (two MMAs over K/2 each): a permutation of K that both operands share, which
+saves interleaving the nibbles.
+
+Configs are fixed functions of the shape (no autotuning: a run must not pick another summation order
+because a timing came out differently):
+- decode (M <= 16): BLOCK_M = 16 (mma.sync) and K split over several programs (`split_for`) so that
+  enough of them stream the 4-bit weights; the partial sums land in a workspace and one epilogue
+  kernel adds them in a fixed order. `swap_ab` computes the transposed product instead (weights on
+  the wgmma's 64-row side); it measured slower on the H200 and is kept as an option.
+- prefill: 128x256 tiles (wgmma, two warpgroups).
+- batch_invariant=True: one config for every M (its K split depends on N and K only), so every output
+  element is produced by the same sequence of instructions whatever M is and whatever the other rows
+  hold: row i of the output is bit-identical in any batch (checked on the H200 at 4096x4096: rows
+  alone, in a batch of 4096, among other rows), and with a per-row activation scale row i's *inputs*
+  are too.
+- method="cublas" (the default for large problems when not batch-invariant): a Triton pass writes
+  both operands as exact float16 values, cuBLAS multiplies them with float32 accumulation and output,
+  and the same epilogue kernel applies the scales. Same numerics class; on the H200 at 8192^3 it ran
+  at 0.94x cuBLAS bf16, the fused kernel at 0.47x (results/bench/kernels_h200.md): Triton's mainloop
+  cannot overlap the per-element dequantization with the MMAs the way cuBLAS's warp-specialized
+  kernels keep the tensor cores busy.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+
+from minite.numerics.constants import BLOCK, E4M3_DTYPE
+from minite.numerics.nvfp4 import NVFP4Tensor
+
+from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
+
+if HAS_TRITON:
+    from ._triton import _decode_scale, _dequant_pair, _e4m3_to_f16_x32, _w4a4_mainloop
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+    asm_dequant: bool = True  # the PTX nibble decoder on the GPU (the interpreter always runs Triton ops)
+    split_k: int = 1  # K split over this many programs; partial sums added in a fixed order afterwards
+    swap_ab: bool = False  # few rows: compute (B Aᵀ)ᵀ so the weights fill the MMA's 64-row side
+
+    def __post_init__(self) -> None:
+        if self.block_k % 32 or self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
+            raise ValueError(
+                f"GemmConfig: block_k must be a multiple of 32, blocks >= 16, split_k >= 1 ({self})"
+            )
+        if self.swap_ab and self.block_m != 16:
+            raise ValueError(f"GemmConfig: swap_ab computes 16 activation rows a program, got {self}")
+
+    def use_asm(self) -> bool:
+        return self.asm_dequant and not interpret_mode()
+
+
+# Chosen on the H200 from the sweeps in results/bench/kernels_h200.json (same run, 2026-11-30); the
+# interpreter ignores warps and stages.
+# decode, M=16, activation pre-quantized, CUDA graph: this config with split 4 ran N=K=4096 in 14.0 us
+# and N=K=8192 in 37.8 us (cuBLAS bf16: 13.5 / 33.5 us); the swap_ab variant 16x128x128 split 8 took
+# 16.1 / 43.2 us, with split 16 38.2 us at 4096.
+DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1)
+SMALL_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
+# M=N=K=8192 fused: 3.28 ms = 335 TFLOP/s (0.47x cuBLAS); 128x256x128 w8 s4 3.29 ms, 256x128x128
+# 3.87 ms, s2 3.50 ms, group_m=16 3.18 ms. method="cublas" (the default at this size) 1.64 ms.
+LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
+BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
+# dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
+CUBLAS_MIN_MNK = 2048**3
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    if interpret_mode() or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_for(n: int, k: int, cfg: GemmConfig, device_index: int = 0, max_split: int = 16) -> int:
+    """K split for a memory-bound (few-row) GEMM: enough programs along N x K to put ~4 on every SM,
+    each with at least four K steps (so its loads stay pipelined). A function of (N, K, config, GPU)
+    only, never of M, so a row's summation order does not depend on the batch."""
+    tiles = -(-n // cfg.block_n)
+    want = max(1, (4 * _sm_count(device_index)) // tiles)
+    split = 1
+    while split * 2 <= min(want, max_split) and k // (split * 2) >= 4 * cfg.block_k:
+        split *= 2
+    return split
+
+
+def pick_config(m: int, n: int, k: int, batch_invariant: bool = False, device_index: int = 0) -> GemmConfig:
+    """The config for an (M, N, K) problem: a fixed function of the shape (no autotuning, so a run
+    never changes its summation order because a timing came out differently)."""
+    if batch_invariant:
+        cfg = BATCH_INVARIANT_CONFIG
+        return replace(cfg, split_k=min(4, split_for(n, k, cfg, device_index)))
+    if m <= 16:
+        return replace(DECODE_CONFIG, split_k=split_for(n, k, DECODE_CONFIG, device_index))
+    if m <= 64:
+        return SMALL_CONFIG
+    return LARGE_CONFIG
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _nvfp4_gemm_kernel(
+        aq_ptr,
+        as_ptr,
+        ags_ptr,
+        bq_ptr,
+        bs_ptr,
+        bgs_ptr,
+        bias_ptr,
+        out_ptr,
+        ws_ptr,
+        M,
+        N,
+        K,
+        K_PER_SPLIT,
+        stride_aq,
+        stride_as,
+        stride_bq,
+        stride_bs,
+        stride_om,
+        A_GS_ROW: tl.constexpr,
+        B_GS_ROW: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
+        DEQUANT_ASM: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+    ):
+        # grouped program order (Triton tutorial 03): GROUP_M row tiles share their B tiles in L2
+        pid = tl.program_id(0)
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        width = GROUP_M * num_n
+        group = pid // width
+        first_m = group * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % size_m
+        pid_n = (pid % width) // size_m
+
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = rm < M
+        nmask = rn < N
+        # rows past the end read row 0 instead (finite, and never stored): no row mask on the loads
+        ra = tl.where(mmask, rm, 0).to(tl.int64)
+        rb = tl.where(nmask, rn, 0).to(tl.int64)
+        kb = tl.arange(0, BLOCK_K // 2)
+        ks = tl.arange(0, BLOCK_K // 16)
+        if SPLIT_K == 1:
+            k_lo = 0
+            k_hi = K
+        else:  # this program's share of K: whole K steps, the last share may be short
+            k_lo = tl.multiple_of(tl.program_id(1) * K_PER_SPLIT, BLOCK_K)
+            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        acc = _w4a4_mainloop(
+            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
+            as_ptr + ra[:, None] * stride_as + ks[None, :],
+            bq_ptr + rb[:, None] * stride_bq + kb[None, :],
+            bs_ptr + rb[:, None] * stride_bs + ks[None, :],
+            k_lo,
+            k_hi,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            DEQUANT_ASM,
+            NUM_STAGES,
+        )
+        if SPLIT_K > 1:  # partial sums to the workspace (SPLIT_K, M, N); _gemm_epilogue_kernel adds them
+            w_ptrs = ws_ptr + (tl.program_id(1) * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
+            tl.store(w_ptrs, acc, mask=mmask[:, None] & nmask[None, :])
+        else:
+            out = acc * ACC_SHIFT
+            if A_GS_ROW:
+                out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
+            else:
+                out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
+            if B_GS_ROW:
+                out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
+            else:
+                out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
+            if HAS_BIAS:
+                out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
+    def _nvfp4_gemm_swapped_kernel(
+        aq_ptr,
+        as_ptr,
+        bq_ptr,
+        bs_ptr,
+        ws_ptr,
+        M,
+        N,
+        K,
+        K_PER_SPLIT,
+        stride_aq,
+        stride_as,
+        stride_bq,
+        stride_bs,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DEQUANT_ASM: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        """Few-row (decode) W4A4: the product computed transposed, accᵀ = B Aᵀ, so the many weight
+        rows fill the MMA's M dimension (wgmma, 64 rows a warpgroup) and the few activation rows
+        its N dimension (16). Partial sums of this program's K share go to ws (SPLIT, M, N)."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = rm < M
+        nmask = rn < N
+        ra = tl.where(mmask, rm, 0).to(tl.int64)
+        rb = tl.where(nmask, rn, 0).to(tl.int64)
+        kb = tl.arange(0, BLOCK_K // 2)
+        ks = tl.arange(0, BLOCK_K // 16)
+        k_lo = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
+        k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        acc_t = _w4a4_mainloop(  # (BLOCK_N, BLOCK_M): weights as the MMA's A operand
+            bq_ptr + rb[:, None] * stride_bq + kb[None, :],
+            bs_ptr + rb[:, None] * stride_bs + ks[None, :],
+            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
+            as_ptr + ra[:, None] * stride_as + ks[None, :],
+            k_lo,
+            k_hi,
+            BLOCK_N,
+            BLOCK_M,
+            BLOCK_K,
+            EVEN_K,
+            DEQUANT_ASM,
+            NUM_STAGES,
+        )
+        w_ptrs = ws_ptr + (pid_k * M + rm.to(tl.int64))[None, :] * N + rn[:, None]
+        tl.store(w_ptrs, acc_t, mask=nmask[:, None] & mmask[None, :])
+
+    @triton.jit
+    def _gemm_epilogue_kernel(
+        ws_ptr,
+        ags_ptr,
+        bgs_ptr,
+        bias_ptr,
+        out_ptr,
+        M,
+        N,
+        stride_om,
+        SPLITS: tl.constexpr,
+        A_GS_ROW: tl.constexpr,
+        B_GS_ROW: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        """out = ((sum_s ws[s]) · ACC_SHIFT · s_dec_a · s_dec_b) (+ bias), the partials added in the
+        fixed order s = 0, 1, ... (deterministic, and the same whatever M is)."""
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = rm < M
+        nmask = rn < N
+        mask = mmask[:, None] & nmask[None, :]
+        offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+        acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+        for s in tl.static_range(1, SPLITS):
+            acc = acc + tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+        out = acc * ACC_SHIFT
+        if A_GS_ROW:
+            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
+        else:
+            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
+        if B_GS_ROW:
+            out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
+        else:
+            out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
+        if HAS_BIAS:
+            out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _dequant_f16_kernel(
+        q_ptr, s_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr
+    ):
+        """NVFP4 rows -> float16 e2m1·e4m3·2^-9 (exact), the low nibbles of a row's bytes in its first
+        half and the high nibbles in its second half: a permutation of K that A and B share."""
+        HK: tl.constexpr = BLOCK_K // 2
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        kb = tl.program_id(1) * HK + tl.arange(0, HK)
+        ks = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+        rmask = rows < R
+        r64 = rows.to(tl.int64)[:, None]
+        p = tl.load(
+            q_ptr + r64 * (K // 2) + kb[None, :], mask=rmask[:, None] & (kb < K // 2)[None, :], other=0
+        )
+        sb = tl.load(
+            s_ptr + r64 * (K // 16) + ks[None, :], mask=rmask[:, None] & (ks < K // 16)[None, :], other=0
+        )
+        lo, hi = _dequant_pair(p, _e4m3_to_f16_x32(sb), BLOCK_R, HK, ASM)
+        mask = rmask[:, None] & (kb < K // 2)[None, :]
+        tl.store(out_ptr + r64 * K + kb[None, :], lo, mask=mask)
+        tl.store(out_ptr + r64 * K + K // 2 + kb[None, :], hi, mask=mask)
+
+
+# --- host side -------------------------------------------------------------------------------------------
+
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_nvfp4(t: NVFP4Tensor, name: str) -> None:
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"{name}: expected an NVFP4Tensor, got {type(t).__name__}")
+    if t.qdata.dtype != torch.uint8 or t.scale.dtype != E4M3_DTYPE:
+        raise TypeError(
+            f"{name}: qdata must be uint8 and scale float8_e4m3fn, got {t.qdata.dtype}, {t.scale.dtype}"
+        )
+    if t.qdata.shape[:-1] != t.scale.shape[:-1] or t.qdata.shape[-1] * 2 != t.scale.shape[-1] * BLOCK:
+        raise ValueError(
+            f"{name}: qdata {tuple(t.qdata.shape)} and scale {tuple(t.scale.shape)} do not describe one "
+            f"tensor (qdata (..., K/2), scale (..., K/{BLOCK}))"
+        )
+    if t.global_scale.dtype != torch.float32:
+        raise TypeError(f"{name}: global_scale must be float32, got {t.global_scale.dtype}")
+
+
+def rows_of(t: NVFP4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """2-D row-major views (rows, K/2), (rows, K/16) and the global scale as a scalar or a per-row
+    vector (True when per row)."""
+    k2 = t.qdata.shape[-1]
+    q = t.qdata.reshape(-1, k2)
+    s = t.scale.view(torch.uint8).reshape(-1, t.scale.shape[-1])
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if s.stride(-1) != 1:
+        s = s.contiguous()
+    gs = t.global_scale
+    if gs.numel() == 1:
+        return q, s, gs.reshape(1).contiguous(), False
+    if gs.numel() != q.shape[0] or gs.shape[-1] != 1:
+        raise ValueError(
+            f"{name}: global_scale of shape {tuple(gs.shape)} is neither a scalar nor one per row "
+            f"(..., 1) for data of shape {tuple(t.shape)}"
+        )
+    return q, s, gs.reshape(-1).contiguous(), True
+
+
+def _launch_epilogue(ws, splits, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
+    bm, bn = 32, 128
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    _gemm_epilogue_kernel[grid](
+        ws,
+        ags,
+        bgs,
+        bias if bias is not None else ags,
+        out,
+        m,
+        n,
+        out.stride(0),
+        SPLITS=splits,
+        A_GS_ROW=a_row,
+        B_GS_ROW=b_row,
+        HAS_BIAS=bias is not None,
+        ACC_SHIFT=ACC_SHIFT,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        num_warps=4,
+    )
+
+
+def dequantize_f16(t: NVFP4Tensor, name: str = "tensor") -> torch.Tensor:
+    """NVFP4 rows (R, K) -> float16 (R, K) of e2m1·e4m3·2^-9 (exact), each row's low nibbles first and
+    high nibbles second (a permutation of K: use it for both operands of one product)."""
+    check_nvfp4(t, name)
+    q, s, _, _ = rows_of(t, name)
+    r, k = q.shape[0], q.shape[1] * 2
+    out = empty((r, k), torch.float16, q.device)
+    block_r, block_k = 16, 256
+    grid = (triton.cdiv(r, block_r), triton.cdiv(k, block_k))
+    _dequant_f16_kernel[grid](
+        q, s, out, r, k, BLOCK_R=block_r, BLOCK_K=block_k, ASM=not interpret_mode(), num_warps=4
+    )
+    return out
+
+
+@functools.cache
+def _mm_fp32_out_ok(device_index: int) -> bool:
+    """Does torch.mm(fp16, fp16, out_dtype=float32) (cuBLAS, float32 accumulate and output) run here?"""
+    try:
+        a = torch.ones(16, 16, dtype=torch.float16, device=f"cuda:{device_index}")
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError):
+        return False
+
+
+def nvfp4_matmul(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    out_dtype: torch.dtype = torch.float32,
+    bias: torch.Tensor | None = None,
+    *,
+    batch_invariant: bool = False,
+    config: GemmConfig | None = None,
+    method: str = "auto",
+) -> torch.Tensor:
+    """The kernel twin of minite.numerics.nvfp4_matmul_ref: A (..., M, K) @ B (N, K)ᵀ -> (..., M, N).
+
+    method:
+    - "fused": the Triton W4A4 kernel (operands dequantized in registers), split over K for few rows;
+    - "cublas": both operands dequantized to float16 in HBM by a Triton pass (exact values), cuBLAS
+      fp16 GEMM with float32 accumulation and output, then the same epilogue kernel (scales, bias,
+      cast). Same numerics class (exact products, float32 sums); faster for large compute-bound
+      problems because cuBLAS's warp-specialized mainloop outruns the fused kernel there;
+    - "auto": "cublas" for problems of at least CUBLAS_MIN_MNK multiply-adds when not batch-invariant
+      and no config is given, else "fused". batch_invariant=True always runs the fused kernel with
+      its fixed config (cuBLAS picks its algorithm by shape)."""
+    require_triton("nvfp4_matmul")
+    check_nvfp4(a, "nvfp4_matmul: A")
+    check_nvfp4(b, "nvfp4_matmul: B")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"nvfp4_matmul: K mismatch, A {tuple(a.shape)} vs B {tuple(b.shape)}")
+    if b.qdata.ndim != 2:
+        raise ValueError(f"nvfp4_matmul: B must be 2-D (N, K), got {tuple(b.shape)}")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"nvfp4_matmul: out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
+    if method not in ("auto", "fused", "cublas"):
+        raise ValueError(f"nvfp4_matmul: method must be 'auto', 'fused' or 'cublas', got {method!r}")
+    check_device("nvfp4_matmul", a.qdata, b.qdata, bias)
+    aq, as_, ags, a_row = rows_of(a, "nvfp4_matmul: A")
+    bq, bs_, bgs, b_row = rows_of(b, "nvfp4_matmul: B")
+    m, n, k = aq.shape[0], bq.shape[0], a.shape[-1]
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != n):
+        raise ValueError(f"nvfp4_matmul: bias must be (N,) = ({n},), got {tuple(bias.shape)}")
+    bias = bias.contiguous() if bias is not None else None
+    out = empty((m, n), out_dtype, aq.device)
+    if m == 0 or n == 0:
+        return out.reshape(*a.shape[:-1], n)
+    dev_index = aq.device.index or 0
+    if method == "auto":
+        big = m * n * k >= CUBLAS_MIN_MNK and config is None and not batch_invariant
+        method = "cublas" if big and aq.is_cuda and _mm_fp32_out_ok(dev_index) else "fused"
+    if method == "cublas":
+        if batch_invariant:
+            raise ValueError(
+                "nvfp4_matmul: batch_invariant=True needs method 'fused' "
+                "(cuBLAS picks its algorithm by shape)"
+            )
+        acc = torch.mm(dequantize_f16(a), dequantize_f16(b).T, out_dtype=torch.float32)  # (M, N) x 2^-18
+        _launch_epilogue(acc, 1, ags, a_row, bgs, b_row, bias, out, m, n)
+        return out.reshape(*a.shape[:-1], n)
+
+    cfg = config or pick_config(m, n, k, batch_invariant, dev_index)
+    split = cfg.split_k
+    k_per = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
+    split = triton.cdiv(k, k_per)  # a split with nothing to add is dropped
+    if cfg.swap_ab:
+        if m > cfg.block_m:
+            raise ValueError(f"nvfp4_matmul: a swap_ab config takes at most {cfg.block_m} rows, got {m}")
+        ws = empty((split, m, n), torch.float32, aq.device)
+        _nvfp4_gemm_swapped_kernel[(triton.cdiv(n, cfg.block_n), split)](
+            aq,
+            as_,
+            bq,
+            bs_,
+            ws,
+            m,
+            n,
+            k,
+            k_per,
+            aq.stride(0),
+            as_.stride(0),
+            bq.stride(0),
+            bs_.stride(0),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            DEQUANT_ASM=cfg.use_asm(),
+            EVEN_K=k % cfg.block_k == 0,
+            NUM_STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        _launch_epilogue(ws, split, ags, a_row, bgs, b_row, bias, out, m, n)
+        return out.reshape(*a.shape[:-1], n)
+    ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    _nvfp4_gemm_kernel[grid](
+        aq,
+        as_,
+        ags,
+        bq,
+        bs_,
+        bgs,
+        bias if bias is not None else ags,
+        out,
+        ws,
+        m,
+        n,
+        k,
+        k_per,
+        aq.stride(0),
+        as_.stride(0),
+        bq.stride(0),
+        bs_.stride(0),
+        out.stride(0),
+        A_GS_ROW=a_row,
+        B_GS_ROW=b_row,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        ACC_SHIFT=ACC_SHIFT,
+        DEQUANT_ASM=cfg.use_asm(),
+        EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages,
+        SPLIT_K=split,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if split > 1:
+        _launch_epilogue(ws, split, ags, a_row, bgs, b_row, bias, out, m, n)
+    return out.reshape(*a.shape[:-1], n)
+
+
+__all__ = [
+    "BATCH_INVARIANT_CONFIG",
+    "CUBLAS_MIN_MNK",
+    "DECODE_CONFIG",
+    "GemmConfig",
+    "dequantize_f16",
+    "nvfp4_matmul",
+    "pick_config",
+    "split_for",
+]

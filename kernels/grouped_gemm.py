@@ -1,0 +1,360 @@
+"""Grouped W4A4 GEMMs for MoE experts: tokens sorted by expert, one launch for all experts.
+
+    T routed rows (token, slot) sorted by expert, E experts, offsets (E+1,): expert e owns rows
+    [offsets[e], offsets[e+1]).
+
+- forward / dgrad: `nvfp4_grouped_matmul(a, b, offsets)`: out[rows of e] = A[rows of e] B_eᵀ with
+  A (T, K) NVFP4 and B (E, N, K) NVFP4 (per expert: N rows along K). Forward: B = the expert weights
+  W_e (N, K); dgrad: A = dY (along N), B = W_eᵀ quantized along N (nvfp4_quantize_batched with
+  transpose=True).
+- wgrad: `nvfp4_grouped_wgrad(a, b, padded_offsets)`: out[e] = A_e B_eᵀ reduced over the expert's
+  tokens, with A (Ra, Tp) and B (Rb, Tp) quantized along the tokens per expert segment (padded to a
+  multiple of 16; nvfp4_quantize_segments_t); dW_e = dY_eᵀ X_e is (A = dYᵀ, B = Xᵀ).
+
+The math per tile is the dense kernel's (`_w4a4_mainloop`, epilogue acc · 2^18 · s_dec_a · s_dec_b),
+so expert e's rows equal `nvfp4_matmul_ref` on that expert's operands up to float32 summation order.
+The forward grid is an upper bound, cdiv(T, BLOCK_M) + E row tiles: program p finds its expert by
+counting the experts whose tiles end at or before p (tile offsets are computed on the device), so
+nothing is copied to the host and the launch can be captured in a CUDA graph; surplus programs exit
+through empty masks. A fixed config for every T keeps a row's result independent of how many tokens
+each expert received (batch invariance, as in the dense kernel's batch_invariant mode).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minite.numerics.nvfp4 import NVFP4Tensor
+
+from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, require_triton, tl, triton
+from .gemm import GemmConfig, check_nvfp4, rows_of
+
+if HAS_TRITON:
+    from ._triton import _decode_scale, _w4a4_mainloop
+
+# H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227 TFLOP/s, down 0.48 ms
+# (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms, 128x256x64 1.08 ms
+# (results/bench/kernels_h200.json)
+GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
+# wgrad steps 64 tokens at a time: expert segments are padded to multiples of 64 (WGRAD_ALIGN) so the
+# loads need no masks, at the price of at most 63 zero tokens per expert
+WGRAD_CONFIG = GemmConfig(128, 128, 64, num_warps=8, num_stages=4)
+WGRAD_ALIGN = 64
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _nvfp4_grouped_gemm_kernel(
+        aq_ptr,
+        as_ptr,
+        ags_ptr,
+        bq_ptr,
+        bs_ptr,
+        bgs_ptr,
+        out_ptr,
+        offs_ptr,
+        tile_offs_ptr,
+        N,
+        K,
+        E,
+        stride_aq,
+        stride_as,
+        stride_bqe,
+        stride_bq,
+        stride_bse,
+        stride_bs,
+        stride_bgs_e,
+        stride_bgs_n,
+        stride_om,
+        A_GS_ROW: tl.constexpr,
+        E_POW2: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
+        DEQUANT_ASM: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        eidx = tl.arange(0, E_POW2)
+        tile_end = tl.load(tile_offs_ptr + 1 + eidx, mask=eidx < E, other=2147483647)
+        e = tl.sum((tile_end <= pid_m).to(tl.int32))  # expert of this row tile (E: surplus program)
+        valid = e < E
+        e = tl.minimum(e, E - 1)
+        m_start = tl.load(offs_ptr + e) + (pid_m - tl.load(tile_offs_ptr + e)) * BLOCK_M
+        m_end = tl.where(valid, tl.load(offs_ptr + e + 1), 0)
+        rm = m_start + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = rm < m_end
+        nmask = rn < N
+        e64 = e.to(tl.int64)
+        ra = tl.where(mmask, rm, 0).to(tl.int64)  # rows past the expert's end read row 0, never stored
+        rb = tl.where(nmask, rn, 0).to(tl.int64)
+        kb = tl.arange(0, BLOCK_K // 2)
+        ks = tl.arange(0, BLOCK_K // 16)
+        acc = _w4a4_mainloop(
+            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
+            as_ptr + ra[:, None] * stride_as + ks[None, :],
+            bq_ptr + e64 * stride_bqe + rb[:, None] * stride_bq + kb[None, :],
+            bs_ptr + e64 * stride_bse + rb[:, None] * stride_bs + ks[None, :],
+            0,
+            tl.where(valid, K, 0),  # a surplus program runs no iteration
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            DEQUANT_ASM,
+            NUM_STAGES,
+        )
+        out = acc * ACC_SHIFT
+        if A_GS_ROW:
+            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
+        else:
+            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
+        out = out * _decode_scale(bgs_ptr + e64 * stride_bgs_e + rn * stride_bgs_n, nmask)[None, :]
+        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
+    def _nvfp4_grouped_wgrad_kernel(
+        aq_ptr,
+        as_ptr,
+        ags_ptr,
+        bq_ptr,
+        bs_ptr,
+        bgs_ptr,
+        out_ptr,
+        poffs_ptr,
+        RA,
+        RB,
+        stride_aq,
+        stride_as,
+        stride_ags_e,
+        stride_ags_r,
+        stride_bq,
+        stride_bs,
+        stride_bgs_e,
+        stride_bgs_r,
+        stride_oe,
+        stride_om,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
+        DEQUANT_ASM: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        e = tl.program_id(1).to(tl.int64)
+        num_n = tl.cdiv(RB, BLOCK_N)
+        pid_m = pid // num_n
+        pid_n = pid % num_n
+        t_lo = tl.multiple_of(tl.load(poffs_ptr + e).to(tl.int32), 16)
+        t_hi = tl.multiple_of(tl.load(poffs_ptr + e + 1).to(tl.int32), 16)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = rm < RA
+        nmask = rn < RB
+        ra = tl.where(mmask, rm, 0).to(tl.int64)
+        rb = tl.where(nmask, rn, 0).to(tl.int64)
+        kb = tl.arange(0, BLOCK_K // 2)
+        ks = tl.arange(0, BLOCK_K // 16)
+        acc = _w4a4_mainloop(
+            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
+            as_ptr + ra[:, None] * stride_as + ks[None, :],
+            bq_ptr + rb[:, None] * stride_bq + kb[None, :],
+            bs_ptr + rb[:, None] * stride_bs + ks[None, :],
+            t_lo,
+            t_hi,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,  # expert segments padded to whole K steps (nvfp4_quantize_segments_t(align=...))
+            DEQUANT_ASM,
+            NUM_STAGES,
+        )
+        out = acc * ACC_SHIFT
+        out = out * _decode_scale(ags_ptr + e * stride_ags_e + rm * stride_ags_r, mmask)[:, None]
+        out = out * _decode_scale(bgs_ptr + e * stride_bgs_e + rn * stride_bgs_r, nmask)[None, :]
+        o_ptrs = out_ptr + e * stride_oe + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+# --- host side -------------------------------------------------------------------------------------------
+
+
+def _check_offsets(offsets: torch.Tensor, name: str) -> torch.Tensor:
+    if offsets.ndim != 1 or offsets.numel() < 2 or offsets.dtype.is_floating_point:
+        raise ValueError(
+            f"{name}: offsets must be a 1-D integer tensor (E+1,), got {offsets.dtype} {tuple(offsets.shape)}"
+        )
+    return offsets.to(torch.int32).contiguous()
+
+
+def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[torch.Tensor, int, int]:
+    """A global scale of numel 1, E or E*rows as a (flat tensor, stride per expert, stride per row)."""
+    if gs.dtype != torch.float32:
+        raise TypeError(f"{name}: global_scale must be float32, got {gs.dtype}")
+    flat = gs.reshape(-1).contiguous()
+    if flat.numel() == 1:
+        return flat, 0, 0
+    if flat.numel() == e:
+        return flat, 1, 0
+    if flat.numel() == e * rows:
+        return flat, rows, 1
+    raise ValueError(
+        f"{name}: global_scale of shape {tuple(gs.shape)} is neither one scalar, one per expert ({e}) nor "
+        f"one per expert row ({e}x{rows})"
+    )
+
+
+def nvfp4_grouped_matmul(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    offsets: torch.Tensor,
+    out_dtype: torch.dtype = torch.float32,
+    *,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """A (T, K) rows sorted by expert @ B_e (N, K)ᵀ per expert -> (T, N).
+
+    b: qdata (E, N, K/2), scale (E, N, K/16), global_scale one scalar, (E,) or (E, N, 1).
+    a: global_scale a scalar or one per row (T, 1) (nvfp4_quantize_grouped gives per-expert tensor
+    scales as one per row)."""
+    require_triton("nvfp4_grouped_matmul")
+    check_nvfp4(a, "nvfp4_grouped_matmul: A")
+    check_nvfp4(b, "nvfp4_grouped_matmul: B")
+    if a.qdata.ndim != 2 or b.qdata.ndim != 3:
+        raise ValueError(
+            f"nvfp4_grouped_matmul: A must be (T, K) and B (E, N, K), got {tuple(a.shape)} and "
+            f"{tuple(b.shape)}"
+        )
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"nvfp4_grouped_matmul: K mismatch, A {tuple(a.shape)} vs B {tuple(b.shape)}")
+    offsets = _check_offsets(offsets, "nvfp4_grouped_matmul")
+    e, n, k = b.shape[0], b.shape[1], b.shape[2]
+    if offsets.numel() != e + 1:
+        raise ValueError(f"nvfp4_grouped_matmul: offsets has {offsets.numel()} entries for {e} experts (E+1)")
+    check_device("nvfp4_grouped_matmul", a.qdata, b.qdata, offsets)
+    aq, as_, ags, a_row = rows_of(a, "nvfp4_grouped_matmul: A")
+    bq = b.qdata.contiguous()
+    bs_ = b.scale.view(torch.uint8).contiguous()
+    bgs, stride_bgs_e, stride_bgs_n = _per_expert_scale(b.global_scale, e, n, "nvfp4_grouped_matmul: B")
+    t = aq.shape[0]
+    out = empty((t, n), out_dtype, aq.device)
+    if t == 0 or n == 0:
+        return out
+    cfg = config or GROUPED_CONFIG
+    counts = (offsets[1:] - offsets[:-1]).to(torch.int32)
+    tile_offs = torch.zeros(e + 1, dtype=torch.int32, device=aq.device)
+    tile_offs[1:] = torch.cumsum((counts + cfg.block_m - 1) // cfg.block_m, 0)
+    grid = (triton.cdiv(t, cfg.block_m) + e, triton.cdiv(n, cfg.block_n))
+    _nvfp4_grouped_gemm_kernel[grid](
+        aq,
+        as_,
+        ags,
+        bq,
+        bs_,
+        bgs,
+        out,
+        offsets,
+        tile_offs,
+        n,
+        k,
+        e,
+        aq.stride(0),
+        as_.stride(0),
+        bq.stride(0),
+        bq.stride(1),
+        bs_.stride(0),
+        bs_.stride(1),
+        stride_bgs_e,
+        stride_bgs_n,
+        out.stride(0),
+        A_GS_ROW=a_row,
+        E_POW2=triton.next_power_of_2(e),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        ACC_SHIFT=ACC_SHIFT,
+        DEQUANT_ASM=cfg.use_asm(),
+        EVEN_K=k % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def nvfp4_grouped_wgrad(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    padded_offsets: torch.Tensor,
+    out_dtype: torch.dtype = torch.float32,
+    *,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """out[e] = A[:, seg e] B[:, seg e]ᵀ -> (E, Ra, Rb), both operands quantized along the padded token
+    axis with per-expert global scales (nvfp4_quantize_segments_t)."""
+    require_triton("nvfp4_grouped_wgrad")
+    check_nvfp4(a, "nvfp4_grouped_wgrad: A")
+    check_nvfp4(b, "nvfp4_grouped_wgrad: B")
+    if a.qdata.ndim != 2 or b.qdata.ndim != 2 or a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"nvfp4_grouped_wgrad: A (Ra, Tp) and B (Rb, Tp) must share Tp, got {tuple(a.shape)}, "
+            f"{tuple(b.shape)}"
+        )
+    poffs = _check_offsets(padded_offsets, "nvfp4_grouped_wgrad")
+    e = poffs.numel() - 1
+    check_device("nvfp4_grouped_wgrad", a.qdata, b.qdata, poffs)
+    ra, rb = a.shape[0], b.shape[0]
+    ags, sae, sar = _per_expert_scale(a.global_scale, e, ra, "nvfp4_grouped_wgrad: A")
+    bgs, sbe, sbr = _per_expert_scale(b.global_scale, e, rb, "nvfp4_grouped_wgrad: B")
+    aq, as_ = a.qdata.contiguous(), a.scale.view(torch.uint8).contiguous()
+    bq, bs_ = b.qdata.contiguous(), b.scale.view(torch.uint8).contiguous()
+    out = empty((e, ra, rb), out_dtype, aq.device)
+    if ra == 0 or rb == 0:
+        return out
+    cfg = config or WGRAD_CONFIG
+    # segments padded to whole K steps run unmasked; checked here (one small host sync), else masked
+    aligned = bool(((poffs % cfg.block_k) == 0).all())
+    grid = (triton.cdiv(ra, cfg.block_m) * triton.cdiv(rb, cfg.block_n), e)
+    _nvfp4_grouped_wgrad_kernel[grid](
+        aq,
+        as_,
+        ags,
+        bq,
+        bs_,
+        bgs,
+        out,
+        poffs,
+        ra,
+        rb,
+        aq.stride(0),
+        as_.stride(0),
+        sae,
+        sar,
+        bq.stride(0),
+        bs_.stride(0),
+        sbe,
+        sbr,
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        ACC_SHIFT=ACC_SHIFT,
+        DEQUANT_ASM=cfg.use_asm(),
+        EVEN_K=aligned,
+        NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+__all__ = ["GROUPED_CONFIG", "WGRAD_ALIGN", "WGRAD_CONFIG", "nvfp4_grouped_matmul", "nvfp4_grouped_wgrad"]

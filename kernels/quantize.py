@@ -1,0 +1,654 @@
+"""Fused NVFP4 quantize: float32/bf16/fp16 -> packed E2M1 + E4M3 block scales (+ the encode scale).
+
+The kernel works on a logical (R, C) matrix quantized along C, read through strides, so one kernel
+serves x (..., K) along K and, with `transpose=True`, xᵀ along the rows of x (the wgrad operands)
+without a transposed copy. One program quantizes a (BLOCK_R, BLOCK_C) tile in one pass:
+
+    load -> [RHT: 16-point Walsh-Hadamard butterfly per block] -> drop non-finite values
+         -> block amax (1x16, or 16x16 tiles) -> [per-row s_enc from the row amax, when the tile
+            spans the whole row] -> E4M3 block scale -> element multiplier -> E2M1 code (nearest
+            even, or stochastic) -> pack two nibbles per byte -> store bytes and scale bytes
+
+The float ops follow minite.numerics.nvfp4 in the same order, per flavor (canonical, te, vllm), with
+correctly rounded division (`tl.math.div_rn`; Triton's `/` is approximate on the GPU) and the codecs
+of `_triton.py`, so the packed bytes and scale bytes equal the reference's bit for bit. Scopes:
+- "row": when one tile holds the whole row (C <= 16384, not transposed) the row amax, s_enc and the
+  quantization happen in the same pass: input read once. Otherwise an amax pass (the same kernel with
+  MODE=1) writes per-tile row maxima and s_enc is computed from them in torch.
+- "tensor": an amax pass first (MODE=1, per-tile maxima reduced by torch.amax), then the quantize pass.
+- "static": s_enc from the given amax, one pass.
+s_enc computed outside the kernel uses `nvfp4.global_encode_scale` itself.
+
+Stochastic rounding uses Triton's Philox (`tl.rand(seed, element offset)`), not torch.Generator
+draws: it cannot reproduce the reference's codes bit for bit. It is reproducible (same seed, shape and
+input give the same bytes), unbiased, and differs from RNE only in the rounding step; the block scales
+are the reference's exactly.
+
+RHT: the reference rotates with a float32 matmul (`x @ R`); torch's CPU matmul sums the 16 terms of
+each output in index order (checked at several shapes), and the kernel does the same, so the rotated
+values, hence the bytes, match the CPU reference bit for bit (also for float32 input). A CUDA
+reference (cuBLAS) may sum in another order: the spec is the CPU reference.
+
+Non-finite input follows the reference: NaN/Inf are dropped from every amax and their 16-block gets
+a NaN scale (byte 0x7F), so the block dequantizes to NaN. `check_finite=True` raises NonFiniteError
+(one extra reduction pass).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minite.numerics.constants import BLOCK, E4M3_DTYPE
+from minite.numerics.nvfp4 import (
+    NonFiniteError,
+    NVFP4Tensor,
+    QuantSpec,
+    check_quantizable,
+    global_encode_scale,
+)
+
+from ._triton import CONSTS, HAS_TRITON, check_device, empty, require_triton, tl, triton
+
+if HAS_TRITON:
+    from ._triton import _e2m1_rne, _e2m1_stochastic, _e4m3_rne, _max_nan, _s_enc_from_amax
+
+_FLAVOR_ID = {"canonical": 0, "te": 1, "vllm": 2}
+# s_enc source: 0 one scalar, 1 one per row, 2 per (segment, row), 3 computed in-kernel per row
+GS_SCALAR, GS_ROW, GS_SEGMENT, GS_INKERNEL = 0, 1, 2, 3
+MAX_ROW_TILE = 16384  # widest row quantized in one tile with an in-kernel row amax
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _sign_mask(signs: tuple[int, ...]) -> int:
+    return sum(1 << i for i, s in enumerate(signs) if s == -1)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _halves(t):
+        """(P, n) -> its even and odd columns, each (P, n // 2)."""
+        return tl.split(tl.reshape(t, (t.shape[0], t.shape[1] // 2, 2)))
+
+    @triton.jit
+    def _rht_row(i: tl.constexpr, SIGN_MASK: tl.constexpr):
+        """Row i of rht.rht_matrix: signs[i] * H16[i, :] / 4, entries exactly +-0.25."""
+        v = tl.arange(0, 16) & i
+        parity = (v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1
+        return (1.0 - 2.0 * parity.to(tl.float32)) * (0.25 * (1 - 2 * ((SIGN_MASK >> i) & 1)))
+
+    @triton.jit
+    def _rht16(x, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SIGN_MASK: tl.constexpr):
+        """Each 16-element block along C times rht_matrix(signs), as torch's CPU matmul sums it:
+        y_j = (((x_0 m_0j + x_1 m_1j) + x_2 m_2j) + ...) + x_15 m_15j, in float32. Every product is
+        exact (m = +-1/4), so FMA contraction does not change a bit. The columns x_i come out of a
+        tree of splits (no arithmetic)."""
+        p: tl.constexpr = BLOCK_R * (BLOCK_C // 16)
+        y = tl.reshape(x, (p, 16))
+        e, o = _halves(y)  # even / odd columns
+        e0, e1 = _halves(e)  # 0 mod 4, 2 mod 4
+        o0, o1 = _halves(o)  # 1 mod 4, 3 mod 4
+        e00, e01 = _halves(e0)  # 0, 8 | 4, 12
+        e10, e11 = _halves(e1)  # 2, 10 | 6, 14
+        o00, o01 = _halves(o0)  # 1, 9 | 5, 13
+        o10, o11 = _halves(o1)  # 3, 11 | 7, 15
+        x0, x8 = _halves(e00)
+        x4, x12 = _halves(e01)
+        x2, x10 = _halves(e10)
+        x6, x14 = _halves(e11)
+        x1, x9 = _halves(o00)
+        x5, x13 = _halves(o01)
+        x3, x11 = _halves(o10)
+        x7, x15 = _halves(o11)
+        acc = x0 * _rht_row(0, SIGN_MASK)[None, :]
+        acc = acc + x1 * _rht_row(1, SIGN_MASK)[None, :]
+        acc = acc + x2 * _rht_row(2, SIGN_MASK)[None, :]
+        acc = acc + x3 * _rht_row(3, SIGN_MASK)[None, :]
+        acc = acc + x4 * _rht_row(4, SIGN_MASK)[None, :]
+        acc = acc + x5 * _rht_row(5, SIGN_MASK)[None, :]
+        acc = acc + x6 * _rht_row(6, SIGN_MASK)[None, :]
+        acc = acc + x7 * _rht_row(7, SIGN_MASK)[None, :]
+        acc = acc + x8 * _rht_row(8, SIGN_MASK)[None, :]
+        acc = acc + x9 * _rht_row(9, SIGN_MASK)[None, :]
+        acc = acc + x10 * _rht_row(10, SIGN_MASK)[None, :]
+        acc = acc + x11 * _rht_row(11, SIGN_MASK)[None, :]
+        acc = acc + x12 * _rht_row(12, SIGN_MASK)[None, :]
+        acc = acc + x13 * _rht_row(13, SIGN_MASK)[None, :]
+        acc = acc + x14 * _rht_row(14, SIGN_MASK)[None, :]
+        acc = acc + x15 * _rht_row(15, SIGN_MASK)[None, :]
+        return tl.reshape(acc, (BLOCK_R, BLOCK_C))
+
+    @triton.jit
+    def _nvfp4_quantize_kernel(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        gs_ptr,
+        gs_out_ptr,
+        amax_ptr,
+        seg_ptr,
+        colmap_ptr,
+        R,
+        C,
+        C_VALID,
+        stride_xb,
+        stride_xr,
+        stride_xc,
+        stride_gs_seg,
+        stride_gs_r,
+        seed,
+        MODE: tl.constexpr,  # 0 quantize, 1 amax partials only
+        AMAX_PER_BLOCK: tl.constexpr,  # MODE 1: (B, R, C/16) block maxima instead of (B, n_col_tiles, R)
+        GS_MODE: tl.constexpr,
+        FLAVOR: tl.constexpr,
+        TILE16: tl.constexpr,  # 16x16 blocks
+        STOCHASTIC: tl.constexpr,
+        RHT: tl.constexpr,
+        SIGN_MASK: tl.constexpr,
+        POW2: tl.constexpr,
+        COLMAP: tl.constexpr,  # logical column c reads source column colmap[c] (-1: zero padding)
+        BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        F8_MAX: tl.constexpr,
+        F8_F4_MAX: tl.constexpr,
+        FLOAT32_MAX: tl.constexpr,
+        ONE_SIXTH: tl.constexpr,
+    ):
+        # program (row tile, column tile, batch entry); batch entries are independent (R, C) matrices
+        NB: tl.constexpr = BLOCK_C // 16
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        pid_b = tl.program_id(2).to(tl.int64)
+        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        rmask = rows < R
+        if COLMAP:
+            src = tl.load(colmap_ptr + cols, mask=cols < C, other=-1)
+            cvalid = src >= 0
+            src = tl.where(cvalid, src, 0)
+        else:
+            cvalid = cols < C_VALID
+            src = cols
+        mask = rmask[:, None] & cvalid[None, :]
+        x_ptrs = (
+            x_ptr
+            + pid_b * stride_xb
+            + rows.to(tl.int64)[:, None] * stride_xr
+            + src.to(tl.int64)[None, :] * stride_xc
+        )
+        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_C)
+        if RHT:
+            x = _rht16(x, BLOCK_R, BLOCK_C, SIGN_MASK)
+        # block amax that keeps NaN and Inf: a block holding one has a non-finite amax. Only then (rare)
+        # are non-finite values replaced by 0, as the reference does, and the amax taken again.
+        # The row maxima of those (needed anyway for the per-row scale and the amax pass) tell whether
+        # any row of the tile holds one: a reduction over BLOCK_R values, not over the tile.
+        bamax = tl.reduce(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), 2, _max_nan)  # (BLOCK_R, NB)
+        bad = (bamax != bamax) | (bamax == float("inf"))
+        rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
+        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+            x = tl.where(tl.abs(x) < float("inf"), x, 0.0)
+            bamax = tl.max(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), axis=2)
+            rmax = tl.max(bamax, axis=1)
+        if TILE16:
+            t = tl.max(tl.reshape(bamax, (BLOCK_R // 16, 16, NB)), axis=1)
+            bamax = tl.reshape(tl.broadcast_to(t[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
+            tb = tl.max(tl.reshape(bad.to(tl.int32), (BLOCK_R // 16, 16, NB)), axis=1)
+            bad = tl.reshape(tl.broadcast_to(tb[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB)) > 0
+        bcols = pid_c * NB + tl.arange(0, NB)
+        bmask = rmask[:, None] & (bcols < C // 16)[None, :]
+        brow = pid_b * R + rows  # row index in the (B * R) stacked rows
+
+        if MODE == 1:
+            if AMAX_PER_BLOCK:
+                tl.store(amax_ptr + brow[:, None] * (C // 16) + bcols[None, :], bamax, mask=bmask)
+            else:
+                n_ct = tl.num_programs(1)
+                tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rmask)
+            return
+
+        # encode scale, broadcast to (BLOCK_R, NB)
+        if GS_MODE == 3:
+            s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
+            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, NB))
+        elif GS_MODE == 2:
+            seg = tl.load(seg_ptr + bcols, mask=bcols < C // 16, other=0)
+            s_enc = tl.load(
+                gs_ptr + seg[None, :] * stride_gs_seg + rows[:, None] * stride_gs_r, mask=bmask, other=1.0
+            )
+        elif GS_MODE == 1:
+            s_row = tl.load(gs_ptr + brow * stride_gs_r, mask=rmask, other=1.0)
+            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, NB))
+        else:
+            s_enc = tl.full((BLOCK_R, NB), 0.0, tl.float32) + tl.load(gs_ptr)
+
+        # E4M3 block scale and the float32 multiplier into the E2M1 domain (nvfp4._block_scale_and_multiplier)
+        if FLAVOR == 2:
+            v = tl.minimum(s_enc * (bamax * ONE_SIXTH), F8_MAX)
+        else:
+            v = bamax * (s_enc * ONE_SIXTH)
+        bs, bs_byte = _e4m3_rne(tl.minimum(v, F8_MAX))
+        one = tl.full((BLOCK_R, NB), 1.0, tl.float32)
+        # (zero denominators are replaced before dividing, with the result the reference gets from the
+        # division by zero: the interpreter warns on x / 0)
+        if FLAVOR == 0:
+            mult = tl.where(bs == 0.0, 0.0, tl.math.div_rn(s_enc, tl.where(bs == 0.0, 1.0, bs)))
+        elif FLAVOR == 1:
+            d = bs * tl.math.div_rn(one, s_enc)
+            inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
+            mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
+        else:
+            inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
+            d = bs * inv_s
+            mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
+
+        scaled = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 16)) * mult[:, :, None], (BLOCK_R, BLOCK_C))
+        if STOCHASTIC:
+            offs = (brow[:, None] * C + cols[None, :]).to(tl.int32)  # Philox counter (wraps past 2^32)
+            code = _e2m1_stochastic(tl.abs(scaled), tl.rand(seed, offs))
+        else:
+            code = _e2m1_rne(scaled)
+        nib = code | ((scaled.to(tl.int32, bitcast=True) >> 28) & 8)  # the sign bit, also of -0.0
+        lo, hi = tl.split(tl.reshape(nib, (BLOCK_R, BLOCK_C // 2, 2)))
+        packed = (lo | (hi << 4)).to(tl.uint8)
+        qcols = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        qmask = rmask[:, None] & (qcols < C // 2)[None, :]
+        tl.store(q_ptr + brow[:, None] * (C // 2) + qcols[None, :], packed, mask=qmask)
+
+        sbyte = tl.where(bad, 0x7F, bs_byte).to(tl.uint8)
+        tl.store(s_ptr + brow[:, None] * (C // 16) + bcols[None, :], sbyte, mask=bmask)
+
+
+# --- host side -------------------------------------------------------------------------------------------
+
+
+# (BLOCK_R, BLOCK_C, num_warps) forced for the benchmark's tile sweep (None: the heuristic below)
+TILE_OVERRIDE: tuple[int, int, int] | None = None
+
+
+def _tile(c: int, tile16: bool, single_row_tile: bool) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps): ~4096 elements a program; the whole row when asked."""
+    if TILE_OVERRIDE is not None:
+        br, bc, nw = TILE_OVERRIDE
+        if (not single_row_tile or bc >= c) and (not tile16 or br % 16 == 0):
+            return br, bc, nw
+    c_pow2 = triton.next_power_of_2(c)
+    if single_row_tile:
+        block_c = max(c_pow2, 16)
+        block_r = max(1, min(64, 4096 // block_c))
+    else:
+        block_c = min(max(c_pow2, 16), 256)
+        block_r = max(1, 4096 // block_c)
+    if tile16:
+        block_r = max(block_r, 16)
+    # H200, 8192x8192 bf16, CUDA graph: a whole 8192 row with 4 warps 77.9 us, 8 warps 85.7 us, two
+    # rows 107-116 us; 16x256 tiles with 4 warps 83.2 us (quantize pass alone), 8x512 89.0, 16x512
+    # with 8 warps 104 us (results/bench/kernels_h200.json)
+    num_warps = 4 if block_r * block_c <= 8192 else 8
+    return block_r, block_c, num_warps
+
+
+class _Problem:
+    """The logical batch of (R, C) matrices a quantize call works on: x (B, R, C) through strides."""
+
+    def __init__(self, x: torch.Tensor, transpose: bool, batched: bool = False) -> None:
+        x3 = x if batched else x.unsqueeze(0)
+        if x3.ndim != 3 and (transpose or batched):
+            raise ValueError(f"expected a {'3' if batched else '2'}-D tensor, got shape {tuple(x.shape)}")
+        if transpose:
+            self.b, self.r, self.c = x3.shape[0], x3.shape[2], x3.shape[1]
+            self.stride_b, self.stride_r, self.stride_c = x3.stride(0), x3.stride(2), x3.stride(1)
+        else:
+            if x3.ndim != 3:  # (..., K): every leading dim is a row
+                x3 = x.reshape(1, -1, x.shape[-1])
+            if x3.stride(-1) != 1:
+                x3 = x3.contiguous()
+            self.b, self.r, self.c = x3.shape
+            self.stride_b, self.stride_r, self.stride_c = x3.stride()
+        self.x = x3
+        self.c_valid = self.c
+
+
+def _launch(
+    prob: _Problem,
+    spec: QuantSpec,
+    *,
+    mode: int,
+    gs_mode: int,
+    gs: torch.Tensor | None = None,
+    stride_gs_seg: int = 0,
+    stride_gs_r: int = 0,
+    seg: torch.Tensor | None = None,
+    colmap: torch.Tensor | None = None,
+    seed: int = 0,
+    amax_per_block: bool = False,
+    single_row_tile: bool = False,
+):
+    """Run the kernel; returns (q (B, R, C/2), scale bytes (B, R, C/16), in-kernel s_enc (B, R),
+    amax partials (B, n_col_tiles, R) or (B, R, C/16))."""
+    dev = prob.x.device
+    b, r, c = prob.b, prob.r, prob.c
+    block_r, block_c, num_warps = _tile(c, spec.block == "16x16", single_row_tile)
+    grid = (triton.cdiv(r, block_r), triton.cdiv(c, block_c), b)
+    dummy = torch.empty(1, dtype=torch.float32, device=dev)
+    q = s = gs_out = amax = None
+    if mode == 1:
+        shape = (b, r, c // BLOCK) if amax_per_block else (b, grid[1], r)
+        amax = empty(shape, torch.float32, dev)
+    else:
+        q = empty((b, r, c // 2), torch.uint8, dev)
+        s = empty((b, r, c // BLOCK), torch.uint8, dev)
+        if gs_mode == GS_INKERNEL:
+            gs_out = empty((b, r), torch.float32, dev)
+    _nvfp4_quantize_kernel[grid](
+        prob.x,
+        q if q is not None else dummy,
+        s if s is not None else dummy,
+        gs if gs is not None else dummy,
+        gs_out if gs_out is not None else dummy,
+        amax if amax is not None else dummy,
+        seg if seg is not None else dummy,
+        colmap if colmap is not None else dummy,
+        r,
+        c,
+        prob.c_valid,
+        prob.stride_b,
+        prob.stride_r,
+        prob.stride_c,
+        stride_gs_seg,
+        stride_gs_r,
+        seed,
+        MODE=mode,
+        AMAX_PER_BLOCK=amax_per_block,
+        GS_MODE=gs_mode,
+        FLAVOR=_FLAVOR_ID[spec.flavor],
+        TILE16=spec.block == "16x16",
+        STOCHASTIC=spec.rounding == "stochastic",
+        RHT=spec.rht,
+        SIGN_MASK=_sign_mask(spec.rht_signs),
+        POW2=spec.pow2_global,
+        COLMAP=colmap is not None,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=num_warps,
+        **CONSTS,
+    )
+    return q, s, gs_out, amax
+
+
+def _seed_of(generator: torch.Generator | None, seed: int | None) -> int:
+    if seed is None:
+        if generator is None:
+            raise ValueError("stochastic rounding needs a seed (or an explicitly seeded torch.Generator)")
+        seed = generator.initial_seed()
+    return int(seed) % (2**31 - 1)
+
+
+def _as_input(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype in _INPUT_DTYPES else x.float()  # float64: the reference quantizes x.float()
+
+
+def _raise_non_finite(x: torch.Tensor, name: str) -> None:
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()[0].tolist()
+        raise NonFiniteError(
+            f"{name}: {int((~finite).sum())} non-finite value(s) in tensor of shape {tuple(x.shape)} "
+            f"(first at index {bad})"
+        )
+
+
+def _quantize_problem(
+    prob: _Problem,
+    spec: QuantSpec,
+    *,
+    amax: torch.Tensor | float | None,
+    seed: int,
+    name: str,
+    gs_lead: tuple[int, ...],
+    scalar_gs: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q (B, R, C/2), scale bytes (B, R, C/16), s_enc). `scalar_gs`: the tensor scope is one amax for
+    the whole call (else one per batch entry); `gs_lead` shapes a per-row s_enc as (*gs_lead, 1)."""
+    dev = prob.x.device
+    if spec.scope == "row" and prob.c <= MAX_ROW_TILE and prob.stride_c == 1:
+        q, s, gs, _ = _launch(prob, spec, mode=0, gs_mode=GS_INKERNEL, seed=seed, single_row_tile=True)
+        return q, s, gs.reshape(*gs_lead, 1)
+    if spec.scope == "static":
+        if isinstance(amax, int | float):  # checked on the host: no device sync (CUDA-graph capturable)
+            if not math.isfinite(amax) or amax < 0:
+                raise ValueError(f"{name}: static amax must be finite and >= 0, got {amax}")
+            g_amax = torch.full((), float(amax), dtype=torch.float32, device=dev)
+        else:
+            g_amax = torch.as_tensor(amax, dtype=torch.float32, device=dev)
+            if not bool(torch.isfinite(g_amax).all()) or bool((g_amax < 0).any()):
+                raise ValueError(f"{name}: static amax must be finite and >= 0, got {g_amax}")
+    else:
+        _, _, _, partial = _launch(prob, spec, mode=1, gs_mode=GS_SCALAR)  # (B, n_col_tiles, R)
+        if spec.scope == "row":
+            g_amax = partial.amax(1).reshape(*gs_lead, 1)
+        elif scalar_gs:
+            g_amax = partial.amax()
+        else:
+            g_amax = partial.amax(dim=(1, 2))  # (B,)
+    gs = global_encode_scale(g_amax, spec)
+    if gs.numel() == 1:
+        q, s, _, _ = _launch(prob, spec, mode=0, gs_mode=GS_SCALAR, gs=gs.reshape(1), seed=seed)
+        return q, s, gs
+    if gs.numel() == prob.b and gs.ndim == 1 and spec.scope != "row":  # one per batch entry
+        per_row = gs[:, None].expand(prob.b, prob.r)
+    else:
+        try:
+            per_row = gs.expand(*gs_lead, 1)
+        except RuntimeError as exc:
+            raise ValueError(f"{name}: amax of shape {tuple(g_amax.shape)} is not one per row") from exc
+    per_row = per_row.reshape(-1).contiguous()
+    if per_row.numel() != prob.b * prob.r:
+        raise ValueError(f"{name}: amax of shape {tuple(g_amax.shape)} is not one per row")
+    q, s, _, _ = _launch(prob, spec, mode=0, gs_mode=GS_ROW, gs=per_row, stride_gs_r=1, seed=seed)
+    return q, s, gs
+
+
+def nvfp4_quantize(
+    x: torch.Tensor,
+    spec: QuantSpec | None = None,
+    *,
+    amax: torch.Tensor | float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    transpose: bool = False,
+    name: str = "tensor",
+    check_finite: bool = False,
+) -> NVFP4Tensor:
+    """The kernel twin of minite.numerics.quantize (same arguments and result layout).
+
+    transpose=True quantizes xᵀ (x 2-D (M, K) -> K rows of M) along the rows of x, as
+    `quantize(x.T.contiguous(), spec)` does, without the copy. Stochastic rounding takes `seed` (or
+    the initial seed of `generator`); its draws are Philox's, not torch's (see the module docstring).
+    """
+    require_triton("nvfp4_quantize")
+    spec = spec or QuantSpec()
+    if transpose and isinstance(x, torch.Tensor) and x.ndim != 2:
+        raise ValueError(f"{name}: transpose=True needs a 2-D tensor, got shape {tuple(x.shape)}")
+    check_quantizable(x.T if transpose else x, spec.block, name)
+    x = _as_input(x)
+    check_device("nvfp4_quantize", x)
+    if (spec.scope == "static") != (amax is not None):
+        raise ValueError(f"{name}: amax must be given exactly when scope is 'static' (scope={spec.scope!r})")
+    seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
+    if check_finite:
+        _raise_non_finite(x, name)
+    prob = _Problem(x, transpose)
+    lead = (x.shape[1],) if transpose else tuple(x.shape[:-1])
+    q, s, gs = _quantize_problem(prob, spec, amax=amax, seed=seed_i, name=name, gs_lead=lead, scalar_gs=True)
+    q = q.reshape(*lead, prob.c // 2)
+    s = s.view(E4M3_DTYPE).reshape(*lead, prob.c // BLOCK)
+    return NVFP4Tensor(q, s, gs, spec, x.dtype)
+
+
+def nvfp4_quantize_batched(
+    x: torch.Tensor,
+    spec: QuantSpec | None = None,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    transpose: bool = False,
+    name: str = "tensor",
+) -> NVFP4Tensor:
+    """Each x[b] of x (B, R, C) quantized on its own, in one launch: the stacked result of
+    `quantize(x[b], spec)` (or of `quantize(x[b].T, spec)` with transpose=True), e.g. per-expert
+    weights with a per-expert tensor scale. global_scale is (B,) for the tensor scope, (B, R', 1) per row."""
+    require_triton("nvfp4_quantize_batched")
+    spec = spec or QuantSpec()
+    if spec.scope == "static":
+        raise ValueError(f"{name}: nvfp4_quantize_batched takes the tensor or row scope")
+    if x.ndim != 3:
+        raise ValueError(f"{name}: expected (B, R, C), got shape {tuple(x.shape)}")
+    check_quantizable(x.transpose(1, 2) if transpose else x, spec.block, name)
+    x = _as_input(x)
+    check_device("nvfp4_quantize_batched", x)
+    seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
+    prob = _Problem(x, transpose, batched=True)
+    q, s, gs = _quantize_problem(
+        prob, spec, amax=None, seed=seed_i, name=name, gs_lead=(prob.b, prob.r), scalar_gs=False
+    )
+    return NVFP4Tensor(q, s.view(E4M3_DTYPE), gs, spec, x.dtype)
+
+
+def nvfp4_quantize_grouped(
+    x: torch.Tensor,
+    offsets: torch.Tensor,
+    spec: QuantSpec | None = None,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    name: str = "tensor",
+) -> NVFP4Tensor:
+    """Rows of x (T, K) sorted by expert (`offsets` (E+1,)), each expert's rows quantized as one tensor:
+    row for row what `quantize(x[offsets[e]:offsets[e+1]], spec)` gives. With the row scope that is
+    plain per-row quantization; with the tensor scope the amax is per expert. global_scale is (T, 1)."""
+    require_triton("nvfp4_quantize_grouped")
+    spec = spec or QuantSpec()
+    if spec.scope != "tensor":
+        if spec.scope == "static":
+            raise ValueError(f"{name}: nvfp4_quantize_grouped takes the tensor or row scope")
+        t = nvfp4_quantize(x, spec, seed=seed, generator=generator, name=name)
+        return t
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected (T, K), got shape {tuple(x.shape)}")
+    check_quantizable(x, spec.block, name)
+    if spec.block == "16x16":
+        raise ValueError(f"{name}: 16x16 blocks would span experts; grouped activations use 1x16")
+    x = _as_input(x)
+    check_device("nvfp4_quantize_grouped", x, offsets)
+    seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
+    prob = _Problem(x, transpose=False)
+    _, _, _, partial = _launch(prob, spec, mode=1, gs_mode=GS_SCALAR)
+    r_amax = partial.amax(1).reshape(-1)  # (T,)
+    offsets = offsets.to(device=x.device, dtype=torch.int64)
+    e = offsets.numel() - 1
+    expert = torch.searchsorted(offsets[1:], torch.arange(x.shape[0], device=x.device), right=True)
+    e_amax = torch.zeros(e, dtype=torch.float32, device=x.device)
+    e_amax.scatter_reduce_(0, expert, r_amax, reduce="amax")
+    per_row = global_encode_scale(e_amax, spec)[expert].contiguous()  # (T,)
+    q, s, _, _ = _launch(prob, spec, mode=0, gs_mode=GS_ROW, gs=per_row, stride_gs_r=1, seed=seed_i)
+    return NVFP4Tensor(q[0], s[0].view(E4M3_DTYPE), per_row.reshape(-1, 1), spec, x.dtype)
+
+
+def nvfp4_quantize_segments_t(
+    x: torch.Tensor,
+    offsets: torch.Tensor,
+    spec: QuantSpec | None = None,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    align: int = BLOCK,
+) -> tuple[NVFP4Tensor, torch.Tensor]:
+    """Quantize each expert's rows of x (T, D), sorted by expert with `offsets` (E+1,), *transposed* and
+    along the tokens: expert e gets `quantize(pad16(x[offsets[e]:offsets[e+1]]).T, spec)` (the grouped
+    wgrad operands; pad16 appends zero rows up to a multiple of 16, as QuantLinearFunction does).
+
+    Returns (t, padded_offsets): t.qdata (D, Tp/2), t.scale (D, Tp/16) with expert e in columns
+    [padded_offsets[e], padded_offsets[e+1]) and t.global_scale (E, D) (row scope) or (E, 1).
+    `align` (a multiple of 16) pads each segment further with zero blocks (code 0, scale 0): the
+    values and the products are unchanged, and a segment that is a whole number of the wgrad
+    kernel's K steps needs no masks (aligned, pipelined loads)."""
+    require_triton("nvfp4_quantize_segments_t")
+    spec = spec or QuantSpec()
+    if spec.block != "1x16" or spec.scope == "static":
+        raise ValueError("nvfp4_quantize_segments_t: 1x16 blocks with a tensor or row scope")
+    if x.ndim != 2:
+        raise ValueError(f"nvfp4_quantize_segments_t: x must be (T, D), got {tuple(x.shape)}")
+    x = _as_input(x)
+    check_device("nvfp4_quantize_segments_t", x, offsets)
+    seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
+    dev = x.device
+    offsets = offsets.to(device=dev, dtype=torch.int64)
+    e = offsets.numel() - 1
+    counts = offsets[1:] - offsets[:-1]
+    if align % BLOCK:
+        raise ValueError(f"nvfp4_quantize_segments_t: align must be a multiple of {BLOCK}, got {align}")
+    pcounts = (counts + align - 1) // align * align
+    poffs = torch.zeros(e + 1, dtype=torch.int64, device=dev)
+    poffs[1:] = torch.cumsum(pcounts, 0)
+    tp = int(poffs[-1])  # one host sync: the padded length sizes the output
+    d = x.shape[1]
+    if tp == 0:
+        empty = NVFP4Tensor(
+            torch.empty(d, 0, dtype=torch.uint8, device=dev),
+            torch.empty(d, 0, dtype=E4M3_DTYPE, device=dev),
+            torch.ones(e, d if spec.scope == "row" else 1, dtype=torch.float32, device=dev),
+            spec,
+            x.dtype,
+        )
+        return empty, poffs
+    # padded column -> source row (-1 for padding), and the expert of each 16-column block
+    pos = torch.arange(tp, device=dev)
+    expert = torch.searchsorted(poffs[1:], pos, right=True)
+    within = pos - poffs[expert]
+    colmap = torch.where(within < counts[expert], offsets[expert] + within, -1).to(torch.int32)
+    seg = expert[::BLOCK].to(torch.int32).contiguous()
+    prob = _Problem(x, transpose=True)
+    prob.c = prob.c_valid = tp
+    # per (expert, feature) amax from the block maxima
+    _, _, _, bam = _launch(prob, spec, mode=1, gs_mode=GS_SCALAR, colmap=colmap, amax_per_block=True)
+    amax = torch.zeros(e, d, dtype=torch.float32, device=dev)
+    amax.scatter_reduce_(0, seg.long()[:, None].expand(-1, d), bam[0].T.contiguous(), reduce="amax")
+    if spec.scope == "tensor":
+        amax = amax.amax(1, keepdim=True)
+    gs = global_encode_scale(amax, spec).contiguous()  # (E, D) or (E, 1)
+    q, s, _, _ = _launch(
+        prob,
+        spec,
+        mode=0,
+        gs_mode=GS_SEGMENT,
+        gs=gs,
+        stride_gs_seg=gs.stride(0),
+        stride_gs_r=gs.stride(1) if gs.shape[1] > 1 else 0,
+        seg=seg,
+        colmap=colmap,
+        seed=seed_i,
+    )
+    t = NVFP4Tensor(q[0], s[0].view(E4M3_DTYPE), gs, spec, x.dtype)
+    return t, poffs
+
+
+def row_amax(x: torch.Tensor, spec: QuantSpec | None = None, *, transpose: bool = False) -> torch.Tensor:
+    """Per-row amax of the (optionally rotated, transposed) logical matrix over finite values, (R,)."""
+    require_triton("row_amax")
+    x = _as_input(x)
+    check_device("row_amax", x)
+    _, _, _, partial = _launch(_Problem(x, transpose), spec or QuantSpec(), mode=1, gs_mode=GS_SCALAR)
+    return partial.amax(1).reshape(-1)
+
+
+__all__ = [
+    "nvfp4_quantize",
+    "nvfp4_quantize_batched",
+    "nvfp4_quantize_grouped",
+    "nvfp4_quantize_segments_t",
+    "row_amax",
+]

@@ -1,0 +1,34 @@
+"""Kernel tests run the Triton kernels through Triton's CPU interpreter (small shapes).
+
+triton.jit reads TRITON_INTERPRET when it decorates a kernel, so the variable is set here, before any
+test module of this folder imports minite.kernels; kernel modules that an earlier test already
+imported (compiled for a GPU) are reloaded. MINITE_KERNEL_TESTS_ON_GPU=1 runs the same tests on CUDA
+tensors instead (the H200 check).
+"""
+
+import importlib
+import os
+import sys
+
+import pytest
+
+ON_GPU = os.environ.get("MINITE_KERNEL_TESTS_ON_GPU", "0") == "1"
+if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    os.environ["TRITON_INTERPRET"] = "1"
+    for _name in (
+        "minite.kernels._triton",
+        "minite.kernels.quantize",
+        "minite.kernels.gemm",
+        "minite.kernels.grouped_gemm",
+        "minite.kernels.moe",
+        "minite.kernels",
+    ):
+        if _name in sys.modules:
+            importlib.reload(sys.modules[_name])
+
+pytest.importorskip("triton", reason="the kernel tests need triton")
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if ON_GPU else "cpu"
