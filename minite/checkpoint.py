@@ -56,15 +56,22 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
 def save_checkpoint(
     path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
 ) -> Path:
-    path = Path(path)
+    files = {"model.safetensors": {k: v.detach().contiguous() for k, v in model.state_dict().items()}}
+    if optimizer is not None:
+        files["optimizer.safetensors"] = _optimizer_tensors(model, optimizer)
+    return write_checkpoint_dir(Path(path), files, state)
+
+
+def write_checkpoint_dir(
+    path: Path, files: dict[str, dict[str, torch.Tensor]], state: dict[str, Any]
+) -> Path:
+    """Write {file name: tensors} + state.json + manifest.json to `path`, atomically (see above)."""
     tmp = path.with_name(path.name + ".tmp")
     old = path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, tmp / "model.safetensors")
-    if optimizer is not None:
-        save_file(_optimizer_tensors(model, optimizer), tmp / "optimizer.safetensors")
+    for name, tensors in files.items():
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp / name)
     (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
     manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))

@@ -9,6 +9,8 @@ Two modes:
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -17,18 +19,25 @@ from minite.numerics import NVFP4Tensor, quantize
 
 
 class WeightQuantCache:
-    """Quantized copies of parameters (or slices of them), recomputed when the parameter changes."""
+    """Quantized copies of parameters (or slices of them), recomputed when the parameter changes.
+
+    A hit needs the very same live tensor object (a weak reference, not its address: the trainer's
+    forward runs on fresh bf16 copies of the masters, and a new copy can land at a freed copy's address
+    with the same version 0), unchanged since (version counter, storage pointer). Whoever rewrites a
+    weight without bumping its version (FSDP2 all-gathers into a reused unsharded parameter) must call
+    `clear()` after each change (`minite.nn.swap.clear_weight_caches`).
+    """
 
     def __init__(self) -> None:
-        self._store: dict[object, tuple[tuple[int, int], NVFP4Tensor]] = {}
+        self._store: dict[object, tuple[weakref.ref, tuple[int, int], NVFP4Tensor]] = {}
 
     def get(self, key: object, param: torch.Tensor, w: torch.Tensor, spec, name: str) -> NVFP4Tensor:
         stamp = (param._version, param.data_ptr())
         hit = self._store.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
+        if hit is not None and hit[0]() is param and hit[1] == stamp:
+            return hit[2]
         q = quantize(w.detach(), spec, name=name)
-        self._store[key] = (stamp, q)
+        self._store[key] = (weakref.ref(param), stamp, q)
         return q
 
     def clear(self) -> None:

@@ -49,6 +49,28 @@ class SamplerConfig:
     engine: Literal["builtin", "vllm"] = "builtin"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     max_model_len: int = 128
+    # vLLM parallelism (docs/cluster.md): tensor parallel shards each layer over GPUs (vLLM's own
+    # workers); data parallel runs engine replicas, which vLLM supports offline only under an external
+    # launcher (torchrun, one engine per rank), not in this single-process loop
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ConfigError("sampler.tensor_parallel_size and data_parallel_size must be >= 1")
+        if self.engine == "builtin" and (self.tensor_parallel_size, self.data_parallel_size) != (1, 1):
+            raise ConfigError(
+                "sampler: tensor/data parallelism needs engine 'vllm' (the built-in is one device)"
+            )
+
+    def engine_kwargs(self) -> dict[str, int]:
+        """Extra vLLM `LLM(...)` arguments (empty at the defaults)."""
+        out = {}
+        if self.tensor_parallel_size > 1:
+            out["tensor_parallel_size"] = self.tensor_parallel_size
+        if self.data_parallel_size > 1:
+            out["data_parallel_size"] = self.data_parallel_size
+        return out
 
 
 @dataclass(frozen=True)
@@ -122,10 +144,20 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer):
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
+    if cfg.sampler.data_parallel_size > 1:
+        raise ConfigError(
+            "sampler.data_parallel_size > 1: vLLM runs offline data parallelism only under an external "
+            "launcher (one engine per torchrun rank); the single-process loop cannot (docs/cluster.md)"
+        )
     from minite.engines.vllm.engine import VLLMSampler
 
     return VLLMSampler(
-        cfg.model_dir, recipe, dtype=cfg.sampler.dtype, seed=cfg.seed, max_model_len=cfg.sampler.max_model_len
+        cfg.model_dir,
+        recipe,
+        dtype=cfg.sampler.dtype,
+        seed=cfg.seed,
+        max_model_len=cfg.sampler.max_model_len,
+        **cfg.sampler.engine_kwargs(),
     )
 
 

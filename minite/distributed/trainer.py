@@ -1,0 +1,219 @@
+"""The learner on FSDP2: `Trainer`'s GRPO update, data parallel, with one process's numbers.
+
+Each rank holds a contiguous slice of the global batch (`shard_rows`). What makes N ranks compute
+what one process computes on the global batch:
+
+- the forward runs on whole bf16 weights (FSDP2 mixed precision, minite.distributed.fsdp), through
+  the same recipe numerics; per-row scopes are batch-invariant, per-tensor activation/gradient amaxes
+  are all-reduced (minite.nn.functional.amax_sync, turned on here when the recipe has one);
+- the GRPO token-mean is over the *global* batch: every rank all-reduces its valid-token count and
+  scales its micro-batch loss by `tokens / global_tokens`, and FSDP sums (does not average) gradients;
+- grad-norm clipping, non-finite checks and statistics are reduced over ranks, so every rank takes the
+  same decision (a rank that raised alone would leave the others waiting in a collective).
+
+Equivalence, precisely (tests/distributed/test_fsdp_equivalence.py). N ranks with local batch b equal
+one process on the N·b rows with `micro_batch=b` (gradient accumulation), to fp32 rounding of the
+sums (the bf16 gradient of each slice is rounded per slice in both). With `amax_sync` the forward and
+dgrad quantization also equal one process with `micro_batch=N·b`. What cannot be equal bit for bit:
+- stochastic rounding: draws are seeded per (layer seed, step, call) and taken over the operand's
+  shape, so a different split is a different (equally unbiased) draw;
+- wgrad quantization (both operands blocked along tokens): a rank quantizes its own tokens, like one
+  process does per micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minite.distributed.fsdp import shard_model
+from minite.engines.faults import NonFiniteError, locate_activation
+from minite.engines.trainer import OptimConfig, TokenBatch, Trainer, sequence_logprobs
+from minite.nn.functional import amax_sync, needs_amax_sync
+from minite.nn.swap import apply_numerics, clear_weight_caches, linear_numerics, set_compute_dtype
+from minite.recipes import Recipe
+from minite.rl.grpo import GRPOConfig, grpo_loss
+
+
+def shard_rows(n: int, rank: int, world: int) -> slice:
+    """Rows of a global batch of n held by `rank`: contiguous, equal slices (n % world == 0)."""
+    if n % world:
+        raise ValueError(f"global batch of {n} rows does not split evenly over {world} ranks")
+    b = n // world
+    return slice(rank * b, (rank + 1) * b)
+
+
+def comm_device() -> torch.device:
+    """Where collectives' tensors live: the current GPU under NCCL, else the CPU (gloo)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _any(flag: bool) -> bool:
+    """Did any rank see `flag`? (every rank takes the same decision)"""
+    t = torch.tensor([1.0 if flag else 0.0], device=comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class DistributedTrainer(Trainer):
+    """`Trainer` whose model is FSDP2-sharded over the default process group (torchrun / spawn).
+
+    `batch`, `advantages` and `logp_old` passed to `update`/`recompute_logprobs` are this rank's
+    rows. `sync_amax=None` turns the amax all-reduce on exactly when the recipe's trainer numerics
+    have a per-tensor activation or gradient scale.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        recipe: Recipe,
+        optim: OptimConfig,
+        grpo: GRPOConfig,
+        seed: int = 0,
+        *,
+        sync_amax: bool | None = None,
+        reshard_after_forward: bool = True,
+        activation_checkpointing: bool = False,
+        mesh=None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("DistributedTrainer needs torch.distributed initialized (torchrun)")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.model = model.float().train()
+        self.recipe = recipe
+        self.optim_cfg = optim
+        self.grpo_cfg = grpo
+        self.seeds = apply_numerics(self.model, recipe.trainer, seed=seed)
+        self.dtype = torch.bfloat16 if optim.compute_dtype == "bfloat16" else torch.float32
+        set_compute_dtype(self.model, self.dtype)
+        shard_model(
+            self.model,
+            mesh=mesh,
+            param_dtype=self.dtype,
+            reshard_after_forward=reshard_after_forward,
+            activation_checkpointing=activation_checkpointing,
+        )
+        if sync_amax is None:
+            sync_amax = needs_amax_sync(linear_numerics(recipe.trainer))
+        # a group of its own, so its all-reduces never interleave with FSDP's collectives
+        self.amax_group = dist.new_group(backend=dist.get_backend()) if sync_amax else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+        )
+
+    # --- forward -------------------------------------------------------------------------------------
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        # float32 here means "call the model as is": FSDP's mixed precision already runs the forward on
+        # bf16 weights (the single-process trainer makes the same copies with functional_call)
+        with amax_sync(self.amax_group):
+            return sequence_logprobs(self.model, batch, torch.float32)
+
+    def _check_activations(self, batch: TokenBatch, logp: torch.Tensor, tensor: str) -> None:
+        bad = not bool(torch.isfinite(logp[batch.mask]).all())
+        if not _any(bad):
+            return
+        with amax_sync(self.amax_group):  # every rank re-runs the forward (it is a collective)
+            site = locate_activation(self.model, lambda: self.logprobs(batch))
+        raise NonFiniteError({"kind": "activation", "site": site, "tensor": tensor, "rank": self.rank})
+
+    # --- update --------------------------------------------------------------------------------------
+
+    def _nonfinite_grads(self) -> list[str]:
+        local = [
+            n
+            for n, p in self.model.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all())
+        ]
+        return local if _any(bool(local)) else []
+
+    def _nonfinite_params(self) -> list[str]:
+        local = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(_local(p)).all())]
+        return local if _any(bool(local)) else []
+
+    def update(
+        self,
+        batch: TokenBatch,
+        advantages: torch.Tensor,
+        logp_old: torch.Tensor,
+        *,
+        minibatches: int = 1,
+        micro_batch: int = 64,
+    ) -> dict[str, float]:
+        """One pass of `minibatches` optimizer steps over the global batch (this rank's rows given).
+
+        Every rank must hold the same number of rows (the micro-batch loop issues FSDP collectives).
+        Statistics are those of `Trainer.update` over the global batch, identical on every rank."""
+        n_local = batch.mask.shape[0]
+        dev = comm_device()
+        sizes = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([n_local], device=dev))
+        if len({int(s) for s in sizes}) != 1:
+            raise ValueError(f"ranks hold different numbers of rows: {[int(s) for s in sizes]}")
+        n_global = n_local * self.world
+        stats_acc: dict[str, float] = {}
+        mb_size = -(-n_local // minibatches)
+        for m in range(minibatches):
+            rows = torch.arange(m * mb_size, min((m + 1) * mb_size, n_local))
+            if len(rows) == 0:
+                continue
+            self.optimizer.zero_grad(set_to_none=True)
+            total = batch.mask[rows].sum().reshape(1).to(dev, torch.float64)
+            dist.all_reduce(total)  # the global token-mean's denominator
+            total_tokens = total.clamp(min=1).to(batch.mask.device, batch.mask.sum().dtype)[0]
+            loss_bad = False
+            for i in range(0, len(rows), micro_batch):
+                r = rows[i : i + micro_batch]
+                sub = batch.select(r)
+                logp_new = self.logprobs(sub)
+                self._check_activations(sub, logp_new.detach(), "logprobs (update)")
+                loss, stats = grpo_loss(
+                    logp_new,
+                    logp_old[r],
+                    advantages[r],
+                    sub.mask,
+                    self.grpo_cfg,
+                    logp_sampler=sub.sampler_logp,
+                )
+                loss_bad = loss_bad or not bool(torch.isfinite(loss))
+                with amax_sync(self.amax_group):
+                    (loss * sub.mask.sum() / total_tokens).backward()
+                for k, v in stats.items():
+                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(r) / n_global
+            if _any(loss_bad):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError({"kind": "loss", "tensor": "grpo_loss", "minibatch": m})
+            bad = self._nonfinite_grads()
+            if bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError({"kind": "gradient", "params": bad[:10], "minibatch": m})
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
+            self.optimizer.step()
+            # FSDP2 all-gathers into reused unsharded parameters without a version bump: the quantized
+            # weight caches cannot see the step, so drop them
+            clear_weight_caches(self.model)
+            bad = self._nonfinite_params()
+            if bad:
+                raise NonFiniteError({"kind": "parameter", "params": bad[:10], "minibatch": m, "fatal": True})
+        keys = sorted(k for k in stats_acc if k != "grad_norm")
+        t = torch.tensor([stats_acc[k] for k in keys], dtype=torch.float64, device=dev)
+        dist.all_reduce(t)
+        out = dict(zip(keys, t.tolist(), strict=True))
+        out["grad_norm"] = stats_acc.get("grad_norm", 0.0)
+        return out
+
+    def gather_logprobs(self, logp_local: torch.Tensor) -> torch.Tensor:
+        """(N·b, T) log-probs of the global batch from each rank's (b, T) rows (all_gather)."""
+        parts = [torch.empty_like(logp_local) for _ in range(self.world)]
+        dist.all_gather(parts, logp_local.contiguous())
+        return torch.cat(parts)
