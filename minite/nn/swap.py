@@ -100,3 +100,9 @@ def set_compute_dtype(model: nn.Module, dtype: torch.dtype) -> None:
     for m in quantized_modules(model).values():
         m.compute_dtype = dtype
         m._cache.clear()
+
+
+def clear_weight_caches(model: nn.Module) -> None:
+    """Drop every cached quantized weight (after a weight change the cache cannot see, e.g. FSDP2)."""
+    for m in quantized_modules(model).values():
+        m._cache.clear()
