@@ -14,8 +14,10 @@ The three recipes of the paper (DESIGN.md, "The three recipes"):
 - `minite` (aligned): one forward `QuantSpec` per operand shared by both engines; the sampler receives
   the trainer's exact quantized weights (packed bytes, block scales, global scale), quantizes
   activations with per-row scales (batch-invariant, so a token's numerics do not depend on what else
-  is in the batch), keeps the same layer set, runs router/norm/softmax in fp32 and breaks top-k ties
-  deterministically. The backward is free to use SR/RHT: it does not change the policy being sampled.
+  is in the batch), keeps the same layer set, runs router/norm/softmax in fp32, breaks top-k ties
+  deterministically, and runs the same RoPE (fp32, one rounding) and attention core (float64, one
+  rounding) in both engines instead of each engine's own kernels. The backward is free to use
+  SR/RHT: it does not change the policy being sampled.
 
 Recipes live in Python (this registry) and in YAML (configs/recipes/, configs/ablations/). A YAML file
 may `extends:` another recipe and override single fields, which is how ablations switch one alignment
@@ -32,6 +34,8 @@ from minite.configuration import ConfigError, deep_merge, from_dict, load_yaml, 
 from minite.numerics.nvfp4 import QuantSpec
 
 WeightSource = Literal["master", "reexport", "trainer"]
+RopeArithmetic = Literal["native", "fp32"]
+AttentionCore = Literal["native", "fp64"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,12 @@ class NumericsSpec:
     fp32_router: bool = False  # router logits + softmax + top-k in fp32
     fp32_norm: bool = False  # RMSNorm in fp32
     deterministic_topk: bool = False  # ties broken by lowest expert id, independent of kernel
+    # RoPE and the attention core (minite/nn/attention.py). "native": each engine's own op (transformers'
+    # bf16 apply_rotary_pos_emb and SDPA; vLLM's rotary op and attention backend). rope "fp32": rotate in
+    # fp32 from the bf16 cos/sin table, one rounding (vLLM's CPU kernel arithmetic). attention "fp64": a
+    # core computed in float64 and rounded once, so prefill/decode/batching cannot change its result.
+    rope: RopeArithmetic = "native"
+    attention: AttentionCore = "native"
     # Sampler only: where its quantized weights come from.
     weight_source: WeightSource = "master"
 
@@ -143,6 +153,8 @@ _MT_FWD = NumericsSpec(
     fp32_router=True,
     fp32_norm=True,
     deterministic_topk=True,
+    rope="fp32",
+    attention="fp64",
 )
 
 MINITE = Recipe(

@@ -31,10 +31,19 @@ def test_minite_sampler_forward_equals_trainer_forward():
         "deterministic_topk",
         "quantize_attention",
         "quantize_experts",
+        "rope",
+        "attention",
     ):
         assert getattr(MINITE.trainer, f) == getattr(MINITE.sampler, f), f
     assert MINITE.sampler.fprop_act.scope == "row"
     assert MINITE.sampler.weight_source == "trainer"
+    assert (MINITE.trainer.rope, MINITE.trainer.attention) == ("fp32", "fp64")
+
+
+def test_naive_recipes_keep_each_engines_own_rope_and_attention():
+    for name in ("bf16", "te_nvfp4"):
+        for spec in (REGISTRY[name].trainer, REGISTRY[name].sampler):
+            assert (spec.rope, spec.attention) == ("native", "native"), name
 
 
 def test_te_nvfp4_is_te_defaults():

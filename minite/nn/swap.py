@@ -1,7 +1,10 @@
 """Module swap: put a recipe's numerics onto transformers' Qwen3-MoE, in place.
 
 Parameters are shared, not copied, so a real Qwen3-30B-A3B checkpoint loads into the model unchanged
-before or after the swap, and the optimizer sees the same tensors.
+before or after the swap, and the optimizer sees the same tensors. Everything is per model instance
+(modules replaced in this model), never a patch of transformers itself: other models in the process are
+untouched. `rope`/`attention` other than "native" replace each layer's attention by
+minite.nn.attention `AlignedAttention` (same submodules, same names).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minite.nn.attention import AlignedAttention, RopeTable
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.linear import QuantLinear
 from minite.nn.moe import AlignedRouter, FP32RMSNorm, QuantExperts
@@ -51,8 +55,13 @@ def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedS
     lin = linear_numerics(spec)
     layers = decoder_layers(model)
     n = len(layers)
+    aligned_attention = spec.rope != "native" or spec.attention != "native"
+    table = RopeTable.from_hf_config(model.config) if spec.rope == "fp32" else None
     for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
+        if aligned_attention:
+            # same submodules under the same names: the norm and linear swaps below apply unchanged
+            layer.self_attn = AlignedAttention(layer.self_attn, spec.rope, spec.attention, table)
         if spec.fp32_norm:
             for norm_name in ("input_layernorm", "post_attention_layernorm"):
                 setattr(layer, norm_name, FP32RMSNorm(getattr(layer, norm_name)))

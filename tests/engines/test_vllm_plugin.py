@@ -2,10 +2,11 @@
 router, and the fp32 norms, bit for bit against minite's own sampler numerics.
 
 Reference: the trainer's weight export (minite.engines.weight_sync over minite.nn) loaded into minite's
-built-in sampler (transformers + minite.nn with `recipe.sampler`). End to end the two engines still
-differ by their attention kernels (vLLM's CPU attention vs transformers' SDPA, both bf16), a gap that
-NVFP4 activation quantization amplifies, so the comparisons feed both sides the same inputs: the same
-tensor, or the inputs vLLM's layers actually saw while serving. One engine per recipe.
+built-in sampler (transformers + minite.nn with `recipe.sampler`). The comparisons feed both sides
+the same inputs: the same tensor, or the inputs vLLM's layers actually saw while serving (end to end
+the te_nvfp4 sampler keeps vLLM's own RoPE and CPU attention, which differ from transformers' in the
+last bf16 bit, a gap NVFP4 activation quantization amplifies; the minite recipe swaps in the
+trainer's RoPE and attention core, checked here too). One engine per recipe.
 """
 
 import math
@@ -196,6 +197,70 @@ def test_serving_path_matches_reference(engine, reference):
                 assert torch.equal(out, expect), (i, key)
                 checked += 1
     assert checked >= 2 * N_LAYERS
+
+
+def _capture_attention(model):
+    """Hooks recording, per layer and call, vLLM's attention input (positions, hidden states) and the
+    attention core's output (o_proj's input)."""
+    seen, hooks = {}, []
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(
+            layer.self_attn.register_forward_pre_hook(
+                lambda mod, args, kwargs, i=i: seen.setdefault(("in", i), []).append(
+                    (kwargs["positions"].clone(), kwargs["hidden_states"].clone())
+                ),
+                with_kwargs=True,
+            )
+        )
+        hooks.append(
+            layer.self_attn.o_proj.register_forward_hook(
+                lambda mod, args, out, i=i: seen.setdefault(("out", i), []).append(args[0].clone())
+            )
+        )
+    return seen, hooks
+
+
+def test_rope_and_attention_match_reference(engine, reference):
+    """With the recipe's rope/attention swaps (minite: fp32 RoPE, float64 core), vLLM's attention block
+    reproduces the reference's `AlignedAttention` bit for bit from the same hidden states: q/k/v
+    projections and norms, RoPE, the core reading K/V back from vLLM's paged cache, for a prompt prefill
+    and for decoded tokens (one query against the cache) alike."""
+    from minite.engines.vllm.engine import _Fp32Rope
+    from minite.nn.attention import AlignedAttention
+
+    spec, m = engine.recipe.sampler, engine.model
+    if (spec.rope, spec.attention) == ("native", "native"):
+        pytest.skip("this recipe keeps vLLM's own RoPE and attention")
+    assert all(
+        isinstance(layer.self_attn.rotary_emb, _Fp32Rope) == (spec.rope == "fp32") for layer in m.model.layers
+    )
+    decode_steps = 0
+    for seq in SEQS:
+        seen, hooks = _capture_attention(m)
+        try:  # prefill of the prompt, then one decode step per further token (single query vs cache)
+            out = engine.generate([seq], SamplingParams(n=1, max_new_tokens=4, temperature=1.0, seed=3))
+        finally:
+            for hk in hooks:
+                hk.remove()
+        steps = len(out[0][0].token_ids) - 1
+        decode_steps += steps
+        for i in range(N_LAYERS):
+            attn = reference.model.layers[i].self_attn
+            assert isinstance(attn, AlignedAttention)
+            assert (attn.rope, attn.attention) == (spec.rope, spec.attention)
+            assert len(seen[("in", i)]) == 1 + steps
+            pos = torch.cat([p for p, _ in seen[("in", i)]])
+            hidden = torch.cat([h for _, h in seen[("in", i)]])
+            assert torch.equal(pos, torch.arange(len(seq) + steps))
+            got = []
+            hook = attn.o_proj.register_forward_hook(lambda mod, args, out, got=got: got.append(args[0]))
+            try:
+                with torch.no_grad():
+                    attn(hidden[None], None, None, position_ids=pos[None])
+            finally:
+                hook.remove()
+            assert torch.equal(got[0][0], torch.cat(seen[("out", i)])), i
+    assert decode_steps > 0
 
 
 def test_generate(engine, ref):

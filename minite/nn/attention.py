@@ -1,0 +1,295 @@
+"""RoPE and the attention core as recipe numerics (`NumericsSpec.rope`, `NumericsSpec.attention`).
+
+Every GEMM the `minite` recipe runs is bit-identical between its engines, but the two ops between the
+q/k/v projections and o_proj are each engine's own code: transformers applies RoPE one way, vLLM
+another, and the attention cores (torch SDPA, vLLM's CPU kernel, FlashAttention) differ in accumulation
+order, exp implementation and where they round. NVFP4 activation quantization of o_proj's input (and
+of everything downstream) turns those last-ulp differences into different FP4 codes. This module
+defines one arithmetic for each op that both engines execute.
+
+What vLLM 0.32 executes on CPU (bf16 model)
+-------------------------------------------
+
+RoPE (`vllm/model_executor/layers/rotary_embedding/base.py`, op `torch.ops._C.rotary_embedding`,
+C++ `csrc/cpu/pos_encoding.cpp`). Qwen3 uses `get_rope` -> `RotaryEmbedding` (neox style, full
+rotary dim). With `enforce_eager` the custom-op mode is "all", so the module dispatches to
+`forward_cpu`, i.e. the C++ op, not `forward_native`.
+
+- Table, built once at model init: inv_freq = 1 / base ** (arange(0, d, 2, fp32) / d); freqs =
+  einsum("i,j->ij", arange(max_position_embeddings, fp32), inv_freq) (one fp32 product each);
+  cos_sin_cache = cat(cos(freqs), sin(freqs)) in fp32, then cast to the model dtype (bf16): the
+  kernel reads bf16 cos/sin. (transformers' Qwen3MoeRotaryEmbedding computes the same fp32 values
+  position by position and also casts them to bf16.)
+- Per token and head, for each j < d/2 with x = v[j], y = v[j + d/2], c = cos[pos, j], s = sin[pos, j]
+  (all bf16 widened to fp32 in 8-lane vectors):
+      v[j]       = bf16( fp32(x·c) − fp32(y·s) )
+      v[j + d/2] = bf16( fp32(y·c) + fp32(x·s) )
+  i.e. fp32 arithmetic rounded once to bf16 (round to nearest even). The products of two bf16 numbers
+  are exact in fp32, so whether the compiler contracts a product into an FMA does not matter: the
+  result is round_bf16(round_fp32(x·c − y·s)).
+- transformers (`apply_rotary_pos_emb`) instead computes q·cos + rotate_half(q)·sin in bf16 tensors:
+  bf16( bf16(x·c) + bf16(−y·s) ), three roundings. On random inputs ~28 % of the rotated elements
+  differ by one bf16 ulp from vLLM's. (vLLM's CUDA kernel computes in c10::BFloat16 operators, which
+  round after every op like transformers; `forward_native` does too.)
+
+Attention core (`vllm/v1/attention/backends/cpu_attn.py`: `CPUAttentionBackendImpl`; C++
+`csrc/cpu/cpu_attn_impl.hpp` + one ISA file; every prefill, chunked prefill and decode token goes
+through the same kernel, `torch.ops._C.cpu_attention_with_kv_cache`, reading K/V back from the paged
+cache after `cpu_attn_reshape_and_cache` wrote them in bf16). The ISA is chosen per machine: "amx"
+(bf16 + AMX tiles), "vec" (AVX-512/AVX2, the machines here), "vec16", "neon", ...
+
+- "vec": Q is widened to fp32 and multiplied by `scale` (= head_dim**-0.5 rounded to fp32) *before*
+  QKᵀ; logits = sum over head_dim of q_scaled[i]·k[i], accumulated sequentially in fp32 (FP32Vec16
+  `c + a*b`), per 32-key group. Softmax is online over KV tiles whose size depends on the L2 cache
+  size and the thread count (`AttentionScheduler`): running max with FlashAttention-4-style lazy
+  rescaling (the max is only updated when it grew by more than 8), p = exp(logit − max) with a
+  degree-5 polynomial `fast_exp` (AVX-512 and Arm builds; `std::exp` in the AVX2 build), row sum in
+  16 fp32 lanes then a horizontal reduction, P kept in fp32, P·V accumulated sequentially over keys
+  in fp32; at the end out = (1/sum)·acc rounded to bf16. With KV splitting (long contexts) partial
+  results are merged by another exp-rescaled reduction.
+- "amx": Q stays bf16, logits from `_tile_dpbf16ps` (pairwise bf16 products into fp32) and scaled
+  afterwards, probabilities rounded to bf16 before P·V.
+
+This arithmetic cannot be restated bit for bit in torch: torch's exp is not the polynomial, the
+tile schedule depends on the machine's cache size and thread count, and the products q_scaled·k of an
+fp32 and a bf16 operand are not exact in fp32, so the sequential FMA/mul-add order would have to be
+emulated element by element. transformers' SDPA differs again (torch's CPU flash kernel, for bf16
+inputs, feeds bf16 probabilities to its P·V GEMM), and in any engine a sampler that decodes one query
+against the cache reduces in another order than a trainer that runs the whole sequence.
+
+The aligned arithmetic
+----------------------
+
+`rope = "fp32"`: vLLM's CPU arithmetic above, as `rope_cos_sin_table` + `apply_rope_fp32`, run by both
+engines (transformers via `AlignedAttention`, vLLM through minite.engines.vllm's module swap; on CPU
+vLLM's own op computes exactly the same, which tests/nn/test_rope_attention.py checks bit for bit).
+
+`attention = "fp64"`: an attention core whose bf16 result does not depend on how the work is split.
+From bf16 q, k, v: logits = (q·kᵀ) · scale in float64 (products of bf16 numbers are exact in
+float64 and their sum over head_dim is exact for any realistic exponent spread, so it does not depend
+on the summation order), masked, max-subtracted softmax in float64, P·V in float64, divided by the row
+sum, one rounding to the activation dtype. The remaining order dependence (float64 exp and sums,
+~1e-16 relative) would have to straddle a bf16 rounding boundary (relative spacing 2^-8) to show up,
+so prefill vs decode, padding, batch composition and the engine no longer change the result. Rows
+with no visible key (left padding) give 0. The same argument is behind minite.numerics'
+float64-accumulating reference GEMM. It is a reference path (correctness over speed): it materializes
+the (L, S) logits in float64. Measured on a bf16 tiny Qwen3-MoE (AVX-512, isa "vec"; prefills of 40 to
+150 tokens): vLLM's CPU kernel output equals this core's on 99.98 % of the elements, torch's SDPA on
+73 %, so the aligned core moves vLLM's sampler numerics hardly at all and the trainer's a lot.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from minite.recipes import AttentionCore, RopeArithmetic
+
+# --- RoPE ----------------------------------------------------------------------------------------------
+
+
+def rope_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
+    """Default-RoPE inverse frequencies, fp32 (the expression vLLM and transformers both use)."""
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+
+
+def rope_cos_sin_table(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
+    """(max_positions, rotary_dim) fp32 table [cos | sin], computed as vLLM's `_compute_cos_sin_cache`
+    (same ops on the same shapes, so the same fp32 values). Engines cast it to the activation dtype."""
+    t = torch.arange(max_positions, dtype=torch.float)
+    freqs = torch.einsum("i,j -> ij", t, inv_freq.float())
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+class RopeTable:
+    """The fp32 cos/sin table of one model, shared by its layers; `cos_sin` looks positions up."""
+
+    def __init__(self, base: float, rotary_dim: int, max_positions: int) -> None:
+        self.rotary_dim = int(rotary_dim)
+        self.max_positions = int(max_positions)
+        self._table = rope_cos_sin_table(rope_inv_freq(base, rotary_dim), max_positions)
+        self._by_key: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> RopeTable:
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise NotImplementedError(
+                f"rope='fp32': only default RoPE is implemented, got rope_type={rope_type!r}"
+            )
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise NotImplementedError("rope='fp32': partial rotary dims are not implemented")
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(base, head_dim, config.max_position_embeddings)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., rotary_dim/2) in `dtype` for integer `positions` (...)."""
+        key = (positions.device, dtype)
+        table = self._by_key.get(key)
+        if table is None:
+            table = self._by_key[key] = self._table.to(device=positions.device, dtype=dtype)
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise IndexError(
+                f"RoPE position {int(positions.max())} >= max_position_embeddings {self.max_positions}"
+            )
+        cs = table[positions.long()]
+        return cs.chunk(2, dim=-1)
+
+
+def apply_rope_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style RoPE on the last dim of `x`, in fp32, rounded once to x.dtype.
+
+    x (..., d); cos, sin (..., d/2) broadcastable to x's leading dims, already in the table dtype
+    (bf16 for a bf16 model: vLLM's kernel reads bf16 cos/sin). out[:h] = x1·c − x2·s,
+    out[h:] = x2·c + x1·s, h = d/2.
+    """
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos.float(), sin.float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+# --- attention core ---------------------------------------------------------------------------------------
+
+
+def causal_keep(q_len: int, kv_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(q_len, kv_len) bool: query i (the last q_len of kv_len positions) sees keys j <= its position."""
+    qpos = torch.arange(kv_len - q_len, kv_len, device=device)
+    return torch.arange(kv_len, device=device)[None, :] <= qpos[:, None]
+
+
+def attention_fp64(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Attention core in float64, rounded once to q.dtype (see module docstring).
+
+    q (B, Hq, L, d); k, v (B, Hkv, S, d) with Hq a multiple of Hkv (query head h reads kv head
+    h // (Hq/Hkv)); keep: bool broadcastable to (B, Hq, L, S), True where a query attends, or None
+    (all keys). Returns (B, Hq, L, d). Differentiable.
+    """
+    groups = q.shape[1] // k.shape[1]
+    kd, vd = k.double(), v.double()
+    if groups > 1:
+        kd = kd.repeat_interleave(groups, dim=1)
+        vd = vd.repeat_interleave(groups, dim=1)
+    logits = torch.matmul(q.double(), kd.transpose(-1, -2)) * scale
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))
+    m = logits.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a row with no visible key
+    e = torch.exp(logits - m)
+    denom = e.sum(dim=-1, keepdim=True)
+    out = torch.matmul(e, vd) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return out.to(q.dtype)
+
+
+def keep_from_hf_mask(
+    mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device
+) -> torch.Tensor:
+    """transformers' attention mask for one layer -> bool keep mask.
+
+    None (SDPA relying on is_causal): causal, queries being the last q_len positions. bool: as is.
+    Float (eager): 0 where attended, a very negative number where masked (any other bias is refused).
+    """
+    if mask is None:
+        return causal_keep(q_len, kv_len, device)
+    if mask.dtype == torch.bool:
+        return mask
+    keep = mask > torch.finfo(mask.dtype).min / 2
+    if bool((mask[keep] != 0).any()):
+        raise NotImplementedError("attention='fp64': additive attention biases are not supported")
+    return keep
+
+
+# --- transformers side ---------------------------------------------------------------------------------
+
+
+class AlignedAttention(nn.Module):
+    """transformers' Qwen3-MoE attention (q/k norm on the head dim, RoPE, GQA core, o_proj) with the
+    recipe's `rope` and `attention` numerics; "native" runs transformers' own op for that step.
+
+    Takes over the original module's submodules under the same names, so parameter names, checkpoints
+    and the quantized-linear swap are unchanged.
+    """
+
+    def __init__(
+        self, attn: nn.Module, rope: RopeArithmetic, attention: AttentionCore, table: RopeTable | None
+    ):
+        super().__init__()
+        if rope not in ("native", "fp32") or attention not in ("native", "fp64"):
+            raise ValueError(f"AlignedAttention: rope={rope!r}, attention={attention!r}")
+        if rope == "fp32" and table is None:
+            raise ValueError("AlignedAttention: rope='fp32' needs a RopeTable")
+        self.config = attn.config
+        self.layer_idx = attn.layer_idx
+        self.head_dim = attn.head_dim
+        self.num_key_value_groups = attn.num_key_value_groups
+        self.scaling = attn.scaling
+        self.attention_dropout = attn.attention_dropout
+        self.is_causal = attn.is_causal
+        self.sliding_window = getattr(attn, "sliding_window", None)
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+            setattr(self, name, getattr(attn, name))
+        self.rope, self.attention = rope, attention
+        self.table = table
+        hf = sys.modules[type(attn).__module__]  # transformers' own ops, for the "native" steps
+        self._hf_rope = hf.apply_rotary_pos_emb
+        self._hf_eager = hf.eager_attention_forward
+
+    def extra_repr(self) -> str:
+        return f"rope={self.rope}, attention={self.attention}"
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        past_key_values: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        q = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)  # (B, Hq, L, d)
+        k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)  # (B, Hkv, L, d)
+        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        if self.rope == "fp32":
+            pos = kwargs.get("position_ids")
+            if pos is None:
+                raise ValueError("AlignedAttention rope='fp32': the decoder layer passed no position_ids")
+            cos, sin = self.table.cos_sin(pos.expand(q.shape[0], -1), q.dtype)  # (B, L, d/2)
+            q = apply_rope_fp32(q, cos[:, None], sin[:, None])
+            k = apply_rope_fp32(k, cos[:, None], sin[:, None])
+        else:
+            cos, sin = position_embeddings
+            q, k = self._hf_rope(q, k, cos, sin)
+
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+
+        if self.attention == "fp64":
+            keep = keep_from_hf_mask(attention_mask, q.shape[-2], k.shape[-2], q.device)
+            out, weights = attention_fp64(q, k, v, keep, self.scaling).transpose(1, 2), None
+        else:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, self._hf_eager
+            )
+            out, weights = interface(
+                self,
+                q,
+                k,
+                v,
+                attention_mask,
+                dropout=0.0 if not self.training else self.attention_dropout,
+                scaling=self.scaling,
+                sliding_window=self.sliding_window,
+                **kwargs,
+            )
+        out = out.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(out), weights
