@@ -63,8 +63,10 @@ def main(argv: list[str]) -> int:
             from minite.tracking import log_run_dir
 
             log_run_dir(Path(cfg.out_dir), experiment=args.mlflow_experiment, run_name=args.mlflow_run_name)
-        print(f"minite train: {cfg.recipe} seed {cfg.seed}: reward {summary['reward_first']:.3f} -> "
-              f"{summary['reward_last']:.3f}, mean |Δlogp| {summary['logp_abs_diff_mean_avg']:.3e}")
+        print(
+            f"minite train: {cfg.recipe} seed {cfg.seed}: reward {summary['reward_first']:.3f} -> "
+            f"{summary['reward_last']:.3f}, mean |Δlogp| {summary['logp_abs_diff_mean_avg']:.3e}"
+        )
         return 0
 
     return run_guarded(go)

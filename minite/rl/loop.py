@@ -149,10 +149,14 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer):
             "sampler.data_parallel_size > 1: vLLM runs offline data parallelism only under an external "
             "launcher (one engine per torchrun rank); the single-process loop cannot (docs/cluster.md)"
         )
+    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
     from minite.engines.vllm.engine import VLLMSampler
 
+    # vLLM starts from an HF directory that carries the recipe's quantization_config (the plugin's
+    # switch); the weights in it are replaced by the first weight sync before any generation
+    sampler_dir = write_sampler_checkpoint(cfg.model_dir, Path(cfg.out_dir) / "sampler_checkpoint", recipe)
     return VLLMSampler(
-        cfg.model_dir,
+        sampler_dir,
         recipe,
         dtype=cfg.sampler.dtype,
         seed=cfg.seed,

@@ -1,0 +1,133 @@
+r"""`minite eval`: lm-eval on a finished RL run (or the base model) with the run recipe's sampler.
+
+    minite eval --run results/tiny/rl/minite/seed0 --model-dir results/tiny/prepare/base_model \
+        --data-dir results/tiny/prepare/data --tasks tiny_arith --out results/tiny/eval/minite/seed0.json
+
+`--base` evaluates the base model instead (recipe bf16 unless --recipe says otherwise). `--tasks`
+takes comma-separated lm-eval task names or a JSON list of {name, data_files, ...} specs (a profile's
+`eval.tasks`). Runs offline: datasets come from local files only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from minite.commands.common import run_guarded
+from minite.configuration import ConfigError
+
+
+def parse_tasks(text: str) -> list:
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            tasks = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--tasks: not a valid JSON list: {e}") from e
+    else:
+        tasks = [t for t in text.split(",") if t]
+    if not tasks:
+        raise ConfigError("--tasks: no task given")
+    return tasks
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="minite eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", help="RL output folder (config.json + checkpoint/)")
+    src.add_argument("--base", action="store_true", help="evaluate the base model in --model-dir")
+    p.add_argument("--model-dir", required=True, help="base model folder (config + tokenizer)")
+    p.add_argument("--data-dir", help="prepare data folder (tiny_arith reads eval.jsonl from it)")
+    p.add_argument("--tasks", required=True, help="comma-separated task names, or a JSON list of task specs")
+    p.add_argument("--out", required=True, help="eval JSON to write")
+    p.add_argument(
+        "--recipe", help="override the run's recipe (name or YAML); default: the run's, bf16 for --base"
+    )
+    p.add_argument("--engine", choices=["builtin", "vllm"], help="sampler engine (default: the run's)")
+    p.add_argument("--limit", type=int, help="examples per task (default all)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-gen-toks", type=int, help="default generation cap for tasks without one")
+    p.add_argument("--seed", type=int, default=0, help="lm-eval seeds (the run's seed is in its config)")
+    p.add_argument("--mlflow-experiment", help="log the eval as an MLflow run in this experiment")
+    p.add_argument("--mlflow-run-name")
+    args = p.parse_args(argv)
+
+    def go() -> int:
+        from minite.evals.harness import run_lm_eval
+        from minite.runs import read_run_config
+        from minite.tracking import log_run, run_identity
+
+        tasks = parse_tasks(args.tasks)
+        model_args: dict = {"model_dir": args.model_dir}
+        if args.run:
+            cfg = read_run_config(args.run)
+            ident = run_identity(str(cfg["recipe"]))
+            seed = int(cfg.get("seed", 0))
+            model_args["run"] = args.run
+        else:
+            cfg, seed = {}, 0
+            name = args.recipe or "bf16"
+            ident = {"run": "base", "recipe": Path(name).stem, "ablation": "none"}
+        if args.recipe:
+            model_args["recipe"] = args.recipe
+        elif args.base:
+            model_args["recipe"] = "bf16"
+        if args.engine:
+            model_args["engine"] = args.engine
+        if args.max_gen_toks:
+            model_args["max_gen_toks"] = args.max_gen_toks
+        result = run_lm_eval(
+            model_args,
+            tasks,
+            data_dir=args.data_dir,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+        engine = args.engine or cfg.get("sampler", {}).get("engine", "builtin")
+        record = {
+            "kind": "rl" if args.run else "base",
+            **ident,
+            "seed": seed,
+            "engine": engine,
+            "run_dir": args.run,
+            "model_dir": args.model_dir,
+            "task_specs": tasks,
+            **result,
+        }
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        if args.mlflow_experiment:
+            metrics = {f"{t}/{m}": v for t, row in result["tasks"].items() for m, v in row.items()}
+            ref = log_run(
+                experiment=args.mlflow_experiment,
+                stage="eval",
+                run=ident["run"],
+                seed=seed,
+                recipe=ident["recipe"],
+                ablation=None if ident["ablation"] == "none" else ident["ablation"],
+                config={
+                    "eval": {
+                        "tasks": tasks,
+                        "limit": args.limit,
+                        "engine": engine,
+                        "run_dir": args.run,
+                        "model_dir": args.model_dir,
+                    },
+                    "run_config": cfg,
+                },
+                metrics=metrics,
+                artifacts=[out],
+                run_name=args.mlflow_run_name,
+            )
+            record["mlflow"] = ref
+            out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        accs = ", ".join(f"{t} {row}" for t, row in result["tasks"].items())
+        print(f"minite eval: {ident['run']} seed {seed}: {accs}")
+        return 0
+
+    return run_guarded(go)

@@ -1,0 +1,59 @@
+r"""`minite paper`: the paper-style Markdown report of a profile, from `minite figures` outputs.
+
+    minite paper --profile tiny --figures-dir results/tiny/figures --tables-dir results/tiny/tables \
+        --throughput results/tiny/throughput/throughput.json \
+        --prepare-metrics results/tiny/prepare/prepare_metrics.json \
+        --run-config results/tiny/rl/minite/seed0/config.json --out paper/tiny
+
+Writes <out>/report.md with copies of the figures and tables next to it (see minite.paper).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from minite.commands.common import run_guarded
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="minite paper", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--profile", required=True, help="profile name (report title, rebuild command)")
+    p.add_argument("--figures-dir", required=True)
+    p.add_argument("--tables-dir", required=True)
+    p.add_argument("--throughput")
+    p.add_argument("--prepare-metrics")
+    p.add_argument("--run-config", help="config.json of one RL run (the RL settings table)")
+    p.add_argument("--out", required=True, help="report folder, e.g. paper/tiny")
+    p.add_argument("--mlflow-experiment")
+    args = p.parse_args(argv)
+
+    def go() -> int:
+        from minite.paper import build_report
+        from minite.tracking import git_commit, log_run
+
+        report = build_report(
+            profile=args.profile,
+            figures_dir=args.figures_dir,
+            tables_dir=args.tables_dir,
+            out_dir=args.out,
+            throughput=args.throughput,
+            prepare_metrics=args.prepare_metrics,
+            run_config=args.run_config,
+            commit=git_commit(),
+        )
+        if args.mlflow_experiment:
+            log_run(
+                experiment=args.mlflow_experiment,
+                stage="paper",
+                run="all",
+                seed="all",
+                recipe="all",
+                config={"paper": {"profile": args.profile, "out": args.out}},
+                artifacts=[(args.out, "paper")],
+            )
+        print(f"minite paper: {report}")
+        return 0
+
+    return run_guarded(go)

@@ -1,0 +1,148 @@
+"""The `minite` model for lm-eval: a run's policy served by the run recipe's sampler engine.
+
+Why not lm-eval's `hf` or `vllm` models: they would evaluate the checkpoint with *their* numerics
+(bf16 transformers, or stock vLLM), not the recipe's. Here the policy is rebuilt as the RL loop built
+it (recipe.trainer numerics, the run's final checkpoint), its weights cross to the recipe's sampler
+engine through the same `export_weights` sync, and generation runs on that engine (built-in, or vLLM
+with the minite plugin). An eval number is therefore the number of the policy *as the recipe samples
+it*.
+
+    lm_eval.simple_evaluate(model="minite", model_args={"run": "results/tiny/rl/minite/seed0",
+                            "model_dir": "results/tiny/prepare/base_model"}, tasks=[...])
+
+model_args: run (RL output folder; omit to evaluate the base model), model_dir (base model: config
+and tokenizer), recipe (default: the run's; "bf16" for the base model), engine (builtin|vllm, default
+the run's sampler engine), dtype, seed, max_model_len, max_gen_toks (default cap), batch_size.
+
+Only `generate_until` is implemented (greedy unless a task asks for sampling): the tasks miniTE
+evaluates (tiny arithmetic, AIME, MATH-500) are generative and exact-match scored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from minite.engines.base import SamplingParams
+
+
+def _int(v: Any, default: int) -> int:
+    return default if v in (None, "", "auto") else int(v)
+
+
+@register_model("minite")
+class MiniteLM(LM):
+    def __init__(
+        self,
+        run: str | None = None,
+        model_dir: str | None = None,
+        recipe: str | None = None,
+        engine: str | None = None,
+        dtype: str | None = None,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        max_gen_toks: int = 256,
+        batch_size: int | str | None = 64,
+        max_batch_size: int | None = None,
+        device: str | None = None,
+        **_: Any,
+    ) -> None:
+        super().__init__()
+        from transformers import AutoTokenizer
+
+        from minite.recipes import get_recipe
+        from minite.runs import build_sampler, load_policy, read_run_config, run_checkpoint, sync
+
+        run_cfg = read_run_config(run) if run else {}
+        model_dir = model_dir or run_cfg.get("model_dir")
+        if not model_dir:
+            raise ValueError("minite lm-eval model: give model_dir (base model folder) or a run with one")
+        sampler_cfg = run_cfg.get("sampler", {})
+        self.recipe = get_recipe(recipe or run_cfg.get("recipe", "bf16"))
+        self.engine = engine or sampler_cfg.get("engine", "builtin")
+        self.seed = int(seed)
+        self.max_gen_toks = int(max_gen_toks)
+        self.batch_size_ = _int(batch_size, 64)
+        self.max_model_len = _int(max_model_len, sampler_cfg.get("max_model_len", 256))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        checkpoint = run_checkpoint(run) if run else None
+        policy = load_policy(model_dir, self.recipe, checkpoint, seed=self.seed)
+        self.sampler = build_sampler(
+            self.engine,
+            model_dir,
+            self.recipe,
+            self.tokenizer,
+            dtype=dtype or sampler_cfg.get("dtype", "bfloat16"),
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            workdir=Path(run) / "eval_sampler" if run else None,
+        )
+        sync(self.sampler, policy, self.recipe)
+        del policy
+        self.run = run
+        self.model_dir = str(model_dir)
+
+    # lm-eval's hooks for result metadata
+    @property
+    def tokenizer_name(self) -> str:
+        return self.model_dir
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or task-requested sampled) generation with the recipe's sampler engine."""
+        out: list[str | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, req in enumerate(requests):
+            _, gen = req.args
+            key = (
+                int(gen.get("max_gen_toks", self.max_gen_toks)),
+                float(gen.get("temperature", 0.0)) if gen.get("do_sample", False) else 0.0,
+                tuple(gen.get("until", []) or []),
+            )
+            groups.setdefault(key, []).append(i)
+        eos = self.tokenizer.eos_token_id
+        for (max_toks, temp, until), idx in groups.items():
+            for start in range(0, len(idx), self.batch_size_):
+                chunk = idx[start : start + self.batch_size_]
+                prompts = [self._encode(requests[i].args[0]) for i in chunk]
+                room = self.max_model_len - max(len(p) for p in prompts)
+                if room < 1:
+                    raise ValueError(
+                        f"a prompt of {max(len(p) for p in prompts)} tokens does not fit max_model_len "
+                        f"{self.max_model_len}; raise it (model_args max_model_len=...)"
+                    )
+                params = SamplingParams(
+                    n=1,
+                    max_new_tokens=min(max_toks, room),
+                    temperature=temp,
+                    seed=self.seed,
+                    stop_token_ids=(eos,) if eos is not None else (),
+                )
+                groups_out = self.sampler.generate(prompts, params)
+                for i, g in zip(chunk, groups_out, strict=True):
+                    text = self.tokenizer.decode(g[0].token_ids, skip_special_tokens=True)
+                    for stop in until:
+                        if stop and stop in text:
+                            text = text.split(stop, 1)[0]
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return [o if o is not None else "" for o in out]
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(
+            "the minite lm-eval model implements generate_until only (generation with the recipe's "
+            "sampler engine); choose generative tasks (output_type: generate_until)"
+        )
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        self.loglikelihood(requests)
+
+    def close(self) -> None:
+        if getattr(self, "sampler", None) is not None:
+            self.sampler.close()
+            self.sampler = None

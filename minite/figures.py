@@ -1,0 +1,832 @@
+"""Figures (seaborn, PNG + PDF) and tables (CSV + Markdown) from a profile's results/ folder.
+
+Inputs are the files the workflow produced, never MLflow queries, so a figure is a pure function of
+results/: RL run folders (config.json, metrics.jsonl, summary.json, mlflow_run.json), lm-eval JSONs,
+diagnose JSONs and the throughput JSON. Every table row carries the MLflow run id it came from, and
+`manifest.json` lists, for each figure and table, its source files and MLflow runs.
+
+Figures
+    rl_curves      reward and in-loop greedy eval accuracy vs step, one line per recipe (mean over
+                   seeds, band = min..max over seeds)
+    mismatch       trainer/sampler gap vs step per recipe: mean |Δlogp|, KL (k3), fraction of tokens
+                   with ratio outside [0.5, 2]
+    throughput     learner and rollout tokens/s per recipe, with the ratio to bf16 on each bar
+    ablations      gap and final accuracy of every recipe and ablation
+    layer_trace    relative L2 between the engines per site of the network (final policy, seed 0)
+Tables: main, ablations, throughput, eval, diagnose (+ compute, from Snakemake benchmark records).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+CANONICAL = ["bf16", "te_nvfp4", "minite"]
+LABELS = {"bf16": "bf16", "te_nvfp4": "te_nvfp4 (naive)", "minite": "minite (aligned)"}
+COLORS = {"bf16": "#4d4d4d", "te_nvfp4": "#d62728", "minite": "#1f77b4"}
+EXTRA_COLORS = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+# (metrics.jsonl key, panel title, y-axis label)
+GAP_METRICS = [
+    ("mismatch/logp_abs_diff_mean", "mean |Δ log p|", "mean |log p_trainer − log p_sampler|"),
+    ("mismatch/kl_k3", "KL(sampler ‖ trainer)", "KL estimate (k3), nats per token"),
+    ("mismatch/frac_ratio_outside_0.5_2", "ratio outside [0.5, 2]", "fraction of tokens, p_t/p_s ∉ [0.5, 2]"),
+]
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def _ref(path: Path) -> dict[str, Any]:
+    return _read_json(path) if path.is_file() else {}
+
+
+def _identity(cfg: dict[str, Any]) -> dict[str, Any]:
+    from minite.tracking import run_identity
+
+    ident = run_identity(str(cfg.get("recipe", "?")))
+    meta_path = Path(str(cfg.get("recipe", ""))).parent / "run.json"
+    meta = _read_json(meta_path) if meta_path.is_file() else {}
+    return {
+        **ident,
+        "component": meta.get("component") or ("baseline" if ident["ablation"] == "none" else "other"),
+        "description": meta.get("description") or "",
+    }
+
+
+REWARD_WINDOW = 5  # steps averaged for the "start" / "end" reward columns
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def load_rl(dirs: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-step frame, per-run frame) from RL output folders."""
+    steps, runs = [], []
+    for d in map(Path, dirs):
+        cfg = _read_json(d / "config.json")
+        ident = _identity(cfg)
+        seed = int(cfg.get("seed", 0))
+        recs = [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        recs = [r for r in recs if "reward_mean" in r]  # skipped steps (on_nonfinite: skip) carry no metrics
+        for r in recs:
+            steps.append({**ident, "seed": seed, **r})
+        ref = _ref(d / "mlflow_run.json")
+        gap = [r["mismatch/logp_abs_diff_mean"] for r in recs if "mismatch/logp_abs_diff_mean" in r]
+        kl = [r["mismatch/kl_k3"] for r in recs if "mismatch/kl_k3" in r]
+        evals = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
+        runs.append(
+            {
+                **ident,
+                "seed": seed,
+                "steps": len(recs),
+                # single-step rewards are noisy (a few prompts per step): average a window at each end
+                "reward_first": _mean([r["reward_mean"] for r in recs[:REWARD_WINDOW]]),
+                "reward_last": _mean([r["reward_mean"] for r in recs[-REWARD_WINDOW:]]),
+                "loop_eval_final": evals[-1] if evals else math.nan,
+                "logp_abs_diff_mean": sum(gap) / len(gap) if gap else math.nan,
+                "kl_k3": sum(kl) / len(kl) if kl else math.nan,
+                "rl_dir": str(d),
+                "mlflow_rl_run": ref.get("run_id", ""),
+                "mlflow_experiment_id": ref.get("experiment_id", ""),
+            }
+        )
+    return pd.DataFrame(steps), pd.DataFrame(runs)
+
+
+def load_evals(files: list[str | Path]) -> pd.DataFrame:
+    rows = []
+    for f in map(Path, files):
+        e = _read_json(f)
+        for task, vals in (e.get("tasks") or {}).items():
+            rows.append(
+                {
+                    "kind": e.get("kind", "rl"),
+                    "run": e.get("run"),
+                    "recipe": e.get("recipe"),
+                    "ablation": e.get("ablation", "none"),
+                    "seed": e.get("seed", 0),
+                    "task": task,
+                    "exact_match": vals.get("exact_match", math.nan),
+                    "exact_match_stderr": vals.get("exact_match_stderr", math.nan),
+                    "n": (e.get("n_samples") or {}).get(task),
+                    "engine": e.get("engine"),
+                    "mlflow_eval_run": (e.get("mlflow") or {}).get("run_id", ""),
+                    "file": str(f),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def load_diagnose(files: list[str | Path]) -> pd.DataFrame:
+    rows = []
+    for f in map(Path, files):
+        d = _read_json(f)
+        tr = d.get("trace") or {}
+        routing = [r.get("agreement") for r in tr.get("routing") or [] if "agreement" in r]
+        rows.append(
+            {
+                "run": d.get("run"),
+                "recipe": d.get("recipe"),
+                "ablation": d.get("ablation", "none"),
+                "seed": d.get("seed", 0),
+                "final_logp_abs_diff_mean": d["mismatch"].get("logp_abs_diff_mean"),
+                "final_kl_k3": d["mismatch"].get("kl_k3"),
+                "final_bitwise_equal_frac": d["mismatch"].get("bitwise_equal_frac"),
+                "routing_agreement": sum(routing) / len(routing) if routing else math.nan,
+                "first_divergent_site": tr.get("first_divergent_site") or "",
+                "mlflow_diagnose_run": (d.get("mlflow") or {}).get("run_id", ""),
+                "file": str(f),
+                "_sites": tr.get("sites") or [],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# --- ordering and style ----------------------------------------------------------------------------
+
+
+def run_order(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [n for n in CANONICAL if n in names] + sorted(n for n in names if n not in CANONICAL)
+
+
+def palette(names) -> dict[str, str]:
+    out, extra = {}, iter(EXTRA_COLORS * 4)
+    for n in run_order(names):
+        out[n] = COLORS.get(n) or next(extra)
+    return out
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def _style():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.15)
+
+
+def _save(fig, out_dir: Path, stem: str, formats: list[str], dpi: int) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for fmt in formats:
+        p = out_dir / f"{stem}.{fmt}"
+        fig.savefig(p, dpi=dpi, bbox_inches="tight")
+        paths.append(str(p))
+    plt.close(fig)
+    return paths
+
+
+def _band(ax, df: pd.DataFrame, x: str, y: str, colors: dict[str, str], order: list[str], marker: str = "o"):
+    """Mean over seeds as a line, min..max over seeds as a band (seaborn lineplot, errorbar=range)."""
+    import seaborn as sns
+
+    data = df.dropna(subset=[y])
+    if data.empty:
+        return False
+    hue_order = [r for r in order if r in set(data["run"])]
+    sns.lineplot(
+        data=data,
+        x=x,
+        y=y,
+        hue="run",
+        hue_order=hue_order,
+        palette=colors,
+        estimator="mean",
+        errorbar=("pi", 100),
+        marker=marker,
+        markersize=5,
+        linewidth=1.8,
+        ax=ax,
+    )
+    return True
+
+
+def _legend(ax, title: str = "recipe"):
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    return handles, [label(x) for x in labels]
+
+
+def _integer_x(ax):
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _zero_floor(values: pd.Series) -> float | None:
+    """A decade below the smallest positive value: where exact zeros (bitwise-equal engines) are drawn
+    on a log axis, which a gap spanning 1e-9..1e-1 across recipes needs."""
+    pos = values[values > 0]
+    if pos.empty:
+        return None
+    return 10.0 ** (math.floor(math.log10(float(pos.min()))) - 1)
+
+
+def _mark_floor(ax, floor: float, text: str = "= 0 (bitwise equal)") -> None:
+    ax.axhline(floor, color="0.55", lw=0.8, ls=":", zorder=0)
+    box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
+    ax.text(
+        0.99,
+        floor * 1.5,
+        text,
+        transform=ax.get_yaxis_transform(),
+        va="bottom",
+        ha="right",
+        fontsize=8,
+        color="0.3",
+        bbox=box,
+    )
+    ax.set_ylim(bottom=floor / 3)
+
+
+def _log_axis(ax, data: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Log y for a non-negative gap metric; zeros moved to a marked floor line; all-zero -> linear."""
+    from matplotlib.ticker import NullFormatter
+
+    vals = data[key].dropna()
+    floor = _zero_floor(vals)
+    if floor is None:
+        ax.set_ylim(-0.002, 0.05)
+        if len(vals):
+            ax.text(
+                0.5,
+                0.55,
+                "0 at every step for every recipe\n(bitwise-equal log-probs)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=10,
+                color="0.35",
+            )
+        return data
+    ax.set_yscale("log")
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    if (vals == 0).any():
+        data = data.copy()
+        data[key] = data[key].where(~(data[key] == 0), floor)
+        ax._minite_floor = floor  # drawn after plotting (ylim)
+    return data
+
+
+# --- figures ---------------------------------------------------------------------------------------
+
+
+def fig_rl_curves(steps: pd.DataFrame, out: Path, formats, dpi, title: str) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    main = steps[steps["ablation"] == "none"]
+    order = run_order(main["run"])
+    colors = palette(steps["run"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    _band(axes[0], main, "step", "reward_mean", colors, order)
+    axes[0].set(
+        xlabel="RL step", ylabel="mean reward (exact match of sampled answers)", title="Rollout reward"
+    )
+    if "eval/accuracy" in main and _band(axes[1], main, "step", "eval/accuracy", colors, order, marker="s"):
+        pass
+    axes[1].set(xlabel="RL step", ylabel="greedy accuracy, held-out prompts", title="In-loop eval accuracy")
+    handles, labels = _legend(axes[0])
+    _legend(axes[1])
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        _integer_x(ax)
+    fig.legend(
+        handles, labels, title="recipe", loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.1)
+    )
+    fig.suptitle(f"{title}: reward and accuracy during RL (line: mean over seeds, band: min–max)", y=1.02)
+    fig.tight_layout()
+    return _save(fig, out, "rl_curves", formats, dpi)
+
+
+def fig_mismatch(steps: pd.DataFrame, out: Path, formats, dpi, title: str) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    main = steps[steps["ablation"] == "none"]
+    order = run_order(main["run"])
+    colors = palette(steps["run"])
+    metrics = [m for m in GAP_METRICS if m[0] in main]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
+    for ax, (key, title_, ylabel) in zip(axes[0], metrics, strict=True):
+        data = _log_axis(ax, main, key)
+        _band(ax, data, "step", key, colors, order)
+        if getattr(ax, "_minite_floor", None):
+            _mark_floor(ax, ax._minite_floor, "= 0" if "frac" in key else "= 0 (bitwise equal)")
+        _integer_x(ax)
+        ax.set(xlabel="RL step", ylabel=ylabel, title=title_)
+    handles, labels = _legend(axes[0][0])
+    for ax in axes[0][1:]:
+        _legend(ax)
+    fig.legend(
+        handles, labels, title="recipe", loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.1)
+    )
+    fig.suptitle(f"{title}: trainer/sampler mismatch during RL (per step, sampled tokens)", y=1.02)
+    fig.tight_layout()
+    return _save(fig, out, "mismatch", formats, dpi)
+
+
+def fig_throughput(tp: dict[str, Any], out: Path, formats, dpi, title: str) -> list[str]:
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    rows = []
+    for name, r in tp["recipes"].items():
+        rows.append(
+            {
+                "run": name,
+                "what": "learner (complete update)",
+                "tps": r["learner"]["tokens_per_s"],
+                "ratio": r["learner_ratio_vs_bf16"],
+            }
+        )
+        rows.append(
+            {
+                "run": name,
+                "what": f"rollout ({r['rollout']['engine']} engine)",
+                "tps": r["rollout"]["tokens_per_s"],
+                "ratio": r["rollout_ratio_vs_bf16"],
+            }
+        )
+    df = pd.DataFrame(rows)
+    order = run_order(df["run"])
+    colors = palette(df["run"])
+    whats = list(dict.fromkeys(df["what"]))
+    fig, axes = plt.subplots(1, len(whats), figsize=(5.2 * len(whats), 4.2), squeeze=False)
+    for ax, what in zip(axes[0], whats, strict=True):
+        sub = df[df["what"] == what].set_index("run").loc[order].reset_index()
+        sns.barplot(
+            data=sub,
+            x="run",
+            y="tps",
+            hue="run",
+            order=order,
+            hue_order=order,
+            palette=colors,
+            legend=False,
+            ax=ax,
+        )
+        for i, r in sub.iterrows():
+            ax.annotate(
+                f"×{r['ratio']:.2f}\n{r['tps']:.3g}/s",
+                (i, r["tps"]),
+                ha="center",
+                va="bottom",
+                xytext=(0, 3),
+                textcoords="offset points",
+                fontsize=11,
+            )
+        ax.set_xticks(range(len(order)), [label(n) for n in order])
+        ax.set(xlabel="recipe", ylabel="tokens / s", title=what)
+        ax.set_ylim(0, sub["tps"].max() * 1.3)
+    dev = tp["device"]
+    where = "CPU numbers (pure-torch NVFP4 reference)" if dev["kind"] == "cpu" else dev["label"]
+    fig.suptitle(f"{title}: throughput, ratio to bf16 on each bar — {where}", y=1.02)
+    fig.tight_layout()
+    return _save(fig, out, "throughput", formats, dpi)
+
+
+def fig_ablations(table: pd.DataFrame, out: Path, formats, dpi, title: str) -> list[str]:
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    if table.empty:
+        return []
+    order = run_order(table["run"])
+    colors = palette(table["run"])
+    cols = [
+        ("logp_abs_diff_mean", "mean |Δ log p| over RL steps"),
+        ("eval_accuracy", "lm-eval accuracy (final)"),
+    ]
+    cols = [(c, t) for c, t in cols if c in table and table[c].notna().any()]
+    fig, axes = plt.subplots(1, len(cols), figsize=(6 * len(cols), 0.55 * len(order) + 1.8), squeeze=False)
+    for ax, (col, text) in zip(axes[0], cols, strict=True):
+        sub = table.set_index("run").loc[order].reset_index()
+        raw = sub[col].copy()
+        floor = _zero_floor(raw.dropna()) if col == "logp_abs_diff_mean" else None
+        if floor is not None:  # log axis: the gaps span decades; exact zeros drawn at a floor
+            sub[col] = raw.where(~(raw == 0), floor)
+        sns.barplot(
+            data=sub,
+            y="run",
+            x=col,
+            hue="run",
+            order=order,
+            hue_order=order,
+            palette=colors,
+            legend=False,
+            ax=ax,
+            orient="h",
+        )
+        ax.set_yticks(range(len(order)), [f"{label(n)}" for n in order])
+        ax.set(ylabel="", xlabel=text, title=text)
+        if floor is not None:
+            from matplotlib.ticker import NullFormatter
+
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlim(floor / 3, float(sub[col].max()) * 8)
+        elif col != "logp_abs_diff_mean":
+            ax.set_xlim(0, 1.12)
+        for i, (v, shown) in enumerate(zip(raw, sub[col], strict=True)):
+            if pd.notna(v):
+                note = "0 (bitwise equal)" if col == "logp_abs_diff_mean" and v == 0 else f"{v:.3g}"
+                ax.annotate(
+                    note,
+                    (shown, i),
+                    va="center",
+                    ha="left",
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    fontsize=9,
+                )
+    fig.suptitle(f"{title}: recipes and ablations (mean over seeds)", y=1.02)
+    fig.tight_layout()
+    return _save(fig, out, "ablations", formats, dpi)
+
+
+def fig_layer_trace(diag: pd.DataFrame, out: Path, formats, dpi, title: str) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    if diag.empty or not any(len(s) for s in diag["_sites"]):
+        return []
+    main = diag[(diag["ablation"] == "none")]
+    main = main.sort_values("seed").drop_duplicates("run")
+    order = run_order(main["run"])
+    colors = palette(diag["run"])
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    ticks: list[tuple[int, str]] = []
+    per_run = {
+        name: [s for s in main.set_index("run").loc[name, "_sites"] if s.get("kind", "output") == "output"]
+        for name in order
+    }
+    allv = pd.Series([s["rel_l2"] for sites in per_run.values() for s in sites], dtype=float)
+    floor = _zero_floor(allv) or 1e-8
+    styles = iter(["--", "-", "-.", ":"] * 4)
+    for name, sites in per_run.items():
+        if not sites:
+            continue
+        ys = [max(s["rel_l2"], floor) if s["rel_l2"] == 0 else s["rel_l2"] for s in sites]
+        ax.plot(
+            range(len(ys)),
+            ys,
+            marker=".",
+            color=colors[name],
+            label=label(name),
+            linewidth=1.6,
+            linestyle=next(styles),
+        )
+        if not ticks:
+            for i, s in enumerate(sites):
+                n = s["name"]
+                if (
+                    n.endswith(("embed_tokens", "lm_head"))
+                    or n.count(".") == 2
+                    and n.startswith("model.layers")
+                ):
+                    ticks.append((i, n.replace("model.", "").replace("layers.", "L")))
+    ax.set_yscale("log")
+    _mark_floor(ax, floor, "= 0 (bitwise-equal activations)")
+    if ticks:
+        ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], rotation=45, ha="right")
+    ax.set(
+        xlabel="site of the network (execution order; ticks at each decoder layer's output)",
+        ylabel="relative L2, trainer vs sampler",
+        title="",
+    )
+    ax.legend(title="recipe")
+    fig.suptitle(f"{title}: where the engines part (final policy, seed {int(main['seed'].min())})", y=1.0)
+    fig.tight_layout()
+    return _save(fig, out, "layer_trace", formats, dpi)
+
+
+# --- tables ----------------------------------------------------------------------------------------
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """GitHub Markdown table (no tabulate dependency)."""
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "" if math.isnan(v) else format(v, floatfmt)
+        return str(v).replace("|", "\\|")
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _pm(series: pd.Series) -> str:
+    s = series.dropna()
+    if s.empty:
+        return ""
+    if len(s) == 1:
+        return f"{s.iloc[0]:.3g}"
+    return f"{s.mean():.3g} ± {s.std(ddof=1):.2g}"
+
+
+def _runs_cell(series: pd.Series) -> str:
+    return " ".join(x[:8] for x in series if isinstance(x, str) and x)
+
+
+def summary_table(runs: pd.DataFrame, evals: pd.DataFrame, diag: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (recipe or ablation), seeds aggregated (mean, ± sd across seeds)."""
+    rows = []
+    ev = evals[evals["kind"] == "rl"] if not evals.empty else evals
+    primary = ev["task"].iloc[0] if not ev.empty else None
+    for name in run_order(runs["run"]):
+        r = runs[runs["run"] == name]
+        e = ev[(ev["run"] == name) & (ev["task"] == primary)] if primary else pd.DataFrame()
+        d = diag[diag["run"] == name] if not diag.empty else pd.DataFrame()
+        rows.append(
+            {
+                "run": name,
+                "recipe": r["recipe"].iloc[0],
+                "ablation": r["ablation"].iloc[0],
+                "component": r["component"].iloc[0],
+                "description": r["description"].iloc[0],
+                "seeds": len(r),
+                "steps": int(r["steps"].max()),
+                "reward_first": r["reward_first"].mean(),
+                "reward_last": r["reward_last"].mean(),
+                "loop_eval_final": r["loop_eval_final"].mean(),
+                "eval_task": primary or "",
+                "eval_accuracy": e["exact_match"].mean() if not e.empty else math.nan,
+                "eval_accuracy_sd": e["exact_match"].std(ddof=1) if len(e) > 1 else math.nan,
+                "logp_abs_diff_mean": r["logp_abs_diff_mean"].mean(),
+                "kl_k3": r["kl_k3"].mean(),
+                "final_logp_abs_diff_mean": d["final_logp_abs_diff_mean"].mean() if not d.empty else math.nan,
+                "routing_agreement": d["routing_agreement"].mean() if not d.empty else math.nan,
+                "reward_last_pm": _pm(r["reward_last"]),
+                "eval_accuracy_pm": _pm(e["exact_match"]) if not e.empty else "",
+                "mlflow_rl_runs": _runs_cell(r["mlflow_rl_run"]),
+                "mlflow_eval_runs": _runs_cell(e["mlflow_eval_run"]) if not e.empty else "",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def main_table_md(summary: pd.DataFrame) -> pd.DataFrame:
+    t = summary[summary["ablation"] == "none"]
+    return pd.DataFrame(
+        {
+            "recipe": [label(x) for x in t["run"]],
+            "seeds": t["seeds"],
+            "steps": t["steps"],
+            f"reward, first {REWARD_WINDOW} steps": t["reward_first"],
+            f"reward, last {REWARD_WINDOW} steps": t["reward_last_pm"],
+            f"{t['eval_task'].iloc[0] if len(t) else 'eval'} accuracy (lm-eval)": t["eval_accuracy_pm"],
+            "mean abs Δlogp": t["logp_abs_diff_mean"],
+            "KL k3": t["kl_k3"],
+            "MLflow RL runs": t["mlflow_rl_runs"],
+            "MLflow eval runs": t["mlflow_eval_runs"],
+        }
+    )
+
+
+def ablation_table_md(summary: pd.DataFrame) -> pd.DataFrame:
+    base = summary.set_index("run")
+    rows = []
+    for _, r in summary.iterrows():
+        ref = base.loc[r["recipe"]] if r["ablation"] != "none" and r["recipe"] in base.index else None
+
+        def delta(col, r=r, ref=ref):
+            return r[col] - ref[col] if ref is not None else math.nan
+
+        rows.append(
+            {
+                "run": r["run"],
+                "base recipe": r["recipe"],
+                "component switched": r["component"],
+                "mean abs Δlogp": r["logp_abs_diff_mean"],
+                "Δ vs base": delta("logp_abs_diff_mean"),
+                "KL k3": r["kl_k3"],
+                "lm-eval accuracy": r["eval_accuracy"],
+                "Δ acc vs base": delta("eval_accuracy"),
+                f"reward, last {REWARD_WINDOW} steps": r["reward_last"],
+                "seeds": r["seeds"],
+                "MLflow RL runs": r["mlflow_rl_runs"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def throughput_table(tp: dict[str, Any]) -> pd.DataFrame:
+    rows = []
+    for name, r in tp["recipes"].items():
+        rows.append(
+            {
+                "recipe": label(name),
+                "learner tok/s": r["learner"]["tokens_per_s"],
+                "learner ×bf16": r["learner_ratio_vs_bf16"],
+                "rollout tok/s": r["rollout"]["tokens_per_s"],
+                "rollout ×bf16": r["rollout_ratio_vs_bf16"],
+                "rollout engine": r["rollout"]["engine"],
+                "device": tp["device"]["kind"],
+                "MLflow run": ((tp.get("mlflow") or {}).get(name) or {}).get("run_id", "")[:8],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def eval_table(evals: pd.DataFrame) -> pd.DataFrame:
+    if evals.empty:
+        return evals
+    t = evals.copy()
+    t["order"] = t["run"].map({n: i for i, n in enumerate(["base", *run_order(t["run"])])})
+    t = t.sort_values(["order", "seed", "task"]).drop(columns=["order", "file"])
+    t["mlflow_eval_run"] = t["mlflow_eval_run"].str[:8]
+    return t
+
+
+def compute_table(bench_files: list[str | Path]) -> pd.DataFrame:
+    """Wall time and peak memory of every job, from Snakemake `benchmark:` records."""
+    rows = []
+    for f in map(Path, bench_files):
+        try:
+            b = pd.read_csv(f, sep="\t")
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError):
+            continue
+        if b.empty:
+            continue
+        parts = f.with_suffix("").parts
+        i = parts.index("benchmarks") if "benchmarks" in parts else len(parts) - 2
+        rows.append(
+            {
+                "stage": parts[i + 1] if i + 1 < len(parts) else "",
+                "job": "/".join(parts[i + 2 :]) or f.stem,
+                "wall s": float(b["s"].iloc[0]),
+                "max RSS MB": float(b["max_rss"].iloc[0]) if "max_rss" in b else math.nan,
+                "CPU s": float(b["cpu_time"].iloc[0]) if "cpu_time" in b else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def write_table(df: pd.DataFrame, out: Path, stem: str) -> list[str]:
+    csv, md = out / f"{stem}.csv", out / f"{stem}.md"
+    df.to_csv(csv, index=False)
+    md.write_text(markdown_table(df))
+    return [str(csv), str(md)]
+
+
+# --- all of it -------------------------------------------------------------------------------------
+
+
+def build(
+    *,
+    rl_dirs: list[str | Path],
+    eval_files: list[str | Path],
+    diag_files: list[str | Path],
+    throughput: str | Path | None,
+    bench_files: list[str | Path],
+    figures_dir: str | Path,
+    tables_dir: str | Path,
+    formats: list[str],
+    dpi: int,
+    title: str,
+) -> dict[str, Any]:
+    """Write every figure and table; returns the manifest (also written to figures_dir/manifest.json)."""
+    _style()
+    fdir, tdir = Path(figures_dir), Path(tables_dir)
+    fdir.mkdir(parents=True, exist_ok=True)
+    tdir.mkdir(parents=True, exist_ok=True)
+    steps, runs = load_rl(rl_dirs)
+    evals = load_evals(eval_files)
+    diag = load_diagnose(diag_files)
+    tp = _read_json(Path(throughput)) if throughput else None
+    summary = summary_table(runs, evals, diag)
+    rl_runs = sorted(x for x in runs["mlflow_rl_run"] if x)
+    eval_runs = sorted(x for x in evals.get("mlflow_eval_run", pd.Series(dtype=str)) if x)
+    diag_runs = sorted(x for x in diag.get("mlflow_diagnose_run", pd.Series(dtype=str)) if x)
+    tp_runs = sorted(r.get("run_id", "") for r in ((tp or {}).get("mlflow") or {}).values())
+    src_rl = [str(Path(d) / "metrics.jsonl") for d in rl_dirs]
+    manifest: dict[str, Any] = {"figures": {}, "tables": {}}
+
+    def add(kind, name, files, sources, mlflow_runs, caption):
+        if files:
+            manifest[kind][name] = {
+                "files": files,
+                "sources": sources,
+                "mlflow_runs": mlflow_runs,
+                "caption": caption,
+            }
+
+    add(
+        "figures",
+        "rl_curves",
+        fig_rl_curves(steps, fdir, formats, dpi, title),
+        src_rl,
+        rl_runs,
+        "Rollout reward and in-loop greedy accuracy vs RL step, per recipe (mean over seeds, band min–max).",
+    )
+    add(
+        "figures",
+        "mismatch",
+        fig_mismatch(steps, fdir, formats, dpi, title),
+        src_rl,
+        rl_runs,
+        "Trainer/sampler mismatch on the sampled tokens vs RL step, per recipe.",
+    )
+    if tp:
+        add(
+            "figures",
+            "throughput",
+            fig_throughput(tp, fdir, formats, dpi, title),
+            [str(throughput)],
+            tp_runs,
+            "Learner (complete update) and rollout tokens/s per recipe; ratio to bf16 measured in the same "
+            "process.",
+        )
+    add(
+        "figures",
+        "ablations",
+        fig_ablations(summary, fdir, formats, dpi, title),
+        src_rl + [str(f) for f in eval_files],
+        rl_runs + eval_runs,
+        "Mean |Δlogp| over RL and final lm-eval accuracy for every recipe and ablation.",
+    )
+    add(
+        "figures",
+        "layer_trace",
+        fig_layer_trace(diag, fdir, formats, dpi, title),
+        [str(f) for f in diag_files],
+        diag_runs,
+        "Relative L2 between trainer and sampler activations at each site (final policy).",
+    )
+
+    summary.to_csv(tdir / "summary.csv", index=False)
+    add(
+        "tables",
+        "main",
+        write_table(main_table_md(summary), tdir, "main"),
+        src_rl + [str(f) for f in eval_files],
+        rl_runs + eval_runs,
+        f"Recipes: rollout reward (mean over the first / last {REWARD_WINDOW} steps), final lm-eval "
+        "accuracy and the trainer/sampler gap averaged over RL steps (mean ± sd over seeds).",
+    )
+    add(
+        "tables",
+        "ablations",
+        write_table(ablation_table_md(summary), tdir, "ablations"),
+        src_rl + [str(f) for f in eval_files],
+        rl_runs + eval_runs,
+        "Each ablation against its base recipe (Δ = ablation − base).",
+    )
+    if tp:
+        add(
+            "tables",
+            "throughput",
+            write_table(throughput_table(tp), tdir, "throughput"),
+            [str(throughput)],
+            tp_runs,
+            "Throughput per recipe and ratio to bf16.",
+        )
+    if not evals.empty:
+        add(
+            "tables",
+            "eval",
+            write_table(eval_table(evals), tdir, "eval"),
+            [str(f) for f in eval_files],
+            eval_runs,
+            "lm-eval results per run and seed (base = the SFT base model).",
+        )
+    if not diag.empty:
+        dt = diag.drop(columns=["_sites", "file"]).copy()
+        dt["mlflow_diagnose_run"] = dt["mlflow_diagnose_run"].str[:8]
+        add(
+            "tables",
+            "diagnose",
+            write_table(dt, tdir, "diagnose"),
+            [str(f) for f in diag_files],
+            diag_runs,
+            "Gap of the final policy on held-out prompts, first divergent site, routing agreement.",
+        )
+    ct = compute_table(bench_files)
+    if not ct.empty:
+        add(
+            "tables",
+            "compute",
+            write_table(ct, tdir, "compute"),
+            [str(f) for f in bench_files],
+            [],
+            "Wall time and peak memory of every workflow job (Snakemake benchmark records).",
+        )
+    manifest["device"] = (tp or {}).get("device")
+    (fdir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

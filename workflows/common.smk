@@ -1,0 +1,131 @@
+# Shared by every stage: paths, the `minite` command, job resources, run/seed lists and the input
+# functions. The config is already merged and validated (Snakefile).
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from minite import profiles as P
+
+PROFILE = config["profile"]
+RES = f"results/{PROFILE}"  # every output of this profile
+LOGS = f"logs/{PROFILE}"  # one log per job, mirroring results/
+BENCH = f"{RES}/benchmarks"  # one Snakemake benchmark record per job (the paper's compute table)
+PREP = f"{RES}/prepare"
+EXPERIMENT = P.experiment_name(config)
+
+# Jobs inherit the MLflow store and run offline. MLFLOW_TRACKING_URI from the environment wins, then
+# the profile's mlflow.tracking_uri, then sqlite:///<workdir>/results/<profile>/mlflow.db.
+os.environ["MLFLOW_TRACKING_URI"] = P.tracking_uri(config)
+for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_var, "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _minite_command():
+    """How rules call the CLI: config `minite_cmd` if given; else the Python running Snakemake when
+    it can import minite (`python -m minite.cli`: the same environment, no PATH lookup); else the
+    project's .venv; else the repository on PYTHONPATH."""
+    if config.get("minite_cmd"):
+        return config["minite_cmd"]
+    venv_py = Path(workflow.basedir) / ".venv" / "bin" / "python"
+    for py in (sys.executable, str(venv_py)):
+        if Path(py).is_file():
+            ok = subprocess.run(
+                [py, "-c", "import minite.cli"], capture_output=True, cwd="/", timeout=120
+            ).returncode == 0
+            if ok:
+                return f"{shlex.quote(py)} -m minite.cli"
+    return f"PYTHONPATH={shlex.quote(str(workflow.basedir))} {shlex.quote(sys.executable)} -m minite.cli"
+
+
+# Shell commands below write `{MINITE} <verb> ...`; `OMP_NUM_THREADS={threads}` pins torch/BLAS threads
+# to the job's `threads` (two 1-thread RL jobs on 2 cores, not 2x2 threads fighting).
+MINITE = _minite_command()
+
+
+def job(stage, key, default=None):
+    return ((config.get("jobs") or {}).get(stage) or {}).get(key, default)
+
+
+def threads_of(stage, default=1):
+    return job(stage, "threads", default)
+
+
+def resources_of(stage):
+    """SLURM-style resources of a stage's jobs (local runs only use threads)."""
+    out = {}
+    for key, name in (("gpus", "gpu"), ("mem_mb", "mem_mb"), ("runtime", "runtime")):
+        v = job(stage, key)
+        if v:
+            out[name] = v
+    return out
+
+
+# --- runs --------------------------------------------------------------------------------------------
+
+RUNS = P.run_names(config)  # what `rule all` runs: recipes, then the profile's ablations
+ABLATIONS = [a for a in P.known_ablations(config)]  # every ablation file, each a target of its own
+ALL_RUNS = list(dict.fromkeys(RUNS + ABLATIONS))
+RESERVED = {"base", "all"}
+if RESERVED & set(ALL_RUNS):
+    raise WorkflowError(f"run names {sorted(RESERVED & set(ALL_RUNS))} are reserved; rename the file")
+
+
+wildcard_constraints:
+    run="|".join(re.escape(r) for r in ALL_RUNS),
+    seed=r"\d+",
+
+
+def seeds(run):
+    return P.run_seeds(config, run)
+
+
+@lru_cache(maxsize=None)
+def spec(run):
+    return P.resolve_run(config, run)
+
+
+def spec_json(run):
+    """What defines a run, as the run_config rule's params (a change reruns exactly that run)."""
+    s = {k: v for k, v in spec(run).items() if k != "files"}
+    return json.dumps(s, sort_keys=True)
+
+
+# what the rl/eval/diagnose shell commands pass as folders (params: constant for a given profile)
+DIRS = dict(model=f"{PREP}/base_model", data=f"{PREP}/data")
+
+
+def rl_dir(run, seed):
+    return f"{RES}/rl/{run}/seed{seed}"
+
+
+def rl_outputs(runs):
+    return [f"{rl_dir(r, s)}/mlflow_run.json" for r in runs for s in seeds(r)]
+
+
+def eval_outputs(runs):
+    return [f"{RES}/eval/{r}/seed{s}.json" for r in runs for s in seeds(r)]
+
+
+DIAGNOSE = bool((config.get("diagnose") or {}).get("enabled", False))
+
+
+def diagnose_outputs(runs):
+    return [f"{RES}/diagnose/{r}/seed{s}.json" for r in runs for s in seeds(r)] if DIAGNOSE else []
+
+
+EVAL_BASE = bool(config["eval"].get("base_model", False))
+BASE_EVAL = f"{RES}/eval/base/seed0.json"
+
+
+def run_targets(run):
+    return rl_outputs([run]) + eval_outputs([run]) + diagnose_outputs([run])
+
+
+def all_targets():
+    return [f"paper/{PROFILE}/report.md", f"{RES}/mlflow/prepare.json"]
