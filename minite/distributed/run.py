@@ -108,7 +108,14 @@ def train_distributed(
     from minite.nn.swap import apply_numerics, set_compute_dtype
     from minite.recipes import get_recipe
     from minite.rl.grpo import group_advantages
-    from minite.rl.loop import _append_jsonl, _truncate_metrics, check_inputs, evaluate_accuracy, make_sampler
+    from minite.rl.loop import (
+        _append_jsonl,
+        _truncate_metrics,
+        check_inputs,
+        evaluate_accuracy,
+        make_sampler,
+        summarize_metrics,
+    )
     from minite.rl.task import load_jsonl, reward
 
     rank, world, device = init_distributed()
@@ -271,27 +278,9 @@ def train_distributed(
             sampler.close()
     if rank != 0:
         return None
-    everything = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
-    records = [r for r in everything if not r.get("skipped")]
-
-    def avg(key: str) -> float | None:
-        vals = [r[key] for r in records if key in r]
-        return sum(vals) / len(vals) if vals else None
-
-    evals = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
-    summary = {
-        "recipe": recipe.name,
-        "seed": cfg.seed,
-        "steps": cfg.steps,
-        "world_size": world,
-        "skipped_steps": len(everything) - len(records),
-        "reward_first": records[0]["reward_mean"] if records else None,
-        "reward_last": records[-1]["reward_mean"] if records else None,
-        "eval_accuracy_final": evals[-1] if evals else None,
-        "logp_abs_diff_mean_avg": avg("mismatch/logp_abs_diff_mean"),
-        "kl_k3_avg": avg("mismatch/kl_k3"),
-        "token_mult_prob_error_avg": avg("mismatch/token_mult_prob_error"),
-    }
+    summary = summarize_metrics(
+        metrics_path, recipe=recipe.name, seed=cfg.seed, steps=cfg.steps, world_size=world
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -191,6 +191,29 @@ def evaluate_accuracy(sampler, tokenizer, examples: list[Example], max_new_token
     return sum(hits) / max(1, len(hits))
 
 
+def summarize_metrics(metrics_path: Path, **header: Any) -> dict[str, Any]:
+    """The run summary (summary.json) from a metrics.jsonl: first/last reward, final eval accuracy and
+    the mean gap over the steps that ran (skipped steps are counted, not averaged)."""
+    everything = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
+    done = [r for r in everything if not r.get("skipped")]
+
+    def avg(key: str) -> float | None:
+        vals = [r[key] for r in done if key in r]
+        return sum(vals) / len(vals) if vals else None
+
+    evals = [r["eval/accuracy"] for r in done if "eval/accuracy" in r]
+    return {
+        **header,
+        "skipped_steps": len(everything) - len(done),
+        "reward_first": done[0]["reward_mean"] if done else None,
+        "reward_last": done[-1]["reward_mean"] if done else None,
+        "eval_accuracy_final": evals[-1] if evals else None,
+        "logp_abs_diff_mean_avg": avg("mismatch/logp_abs_diff_mean"),
+        "kl_k3_avg": avg("mismatch/kl_k3"),
+        "token_mult_prob_error_avg": avg("mismatch/token_mult_prob_error"),
+    }
+
+
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_fn=None) -> dict[str, Any]:
     """Run GRPO per `cfg`; returns the summary also written to `<out_dir>/summary.json`."""
     from tqdm.auto import tqdm
@@ -311,25 +334,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{gap['logp_abs_diff_mean']:.1e}")
     finally:
         sampler.close()
-    records = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
-    done = [r for r in records if not r.get("skipped")]
-
-    def avg(key: str) -> float | None:
-        vals = [r[key] for r in done if key in r]
-        return sum(vals) / len(vals) if vals else None
-
-    evals = [r["eval/accuracy"] for r in done if "eval/accuracy" in r]
-    summary = {
-        "recipe": recipe.name,
-        "seed": cfg.seed,
-        "steps": cfg.steps,
-        "skipped_steps": len(records) - len(done),
-        "reward_first": done[0]["reward_mean"] if done else None,
-        "reward_last": done[-1]["reward_mean"] if done else None,
-        "eval_accuracy_final": evals[-1] if evals else None,
-        "logp_abs_diff_mean_avg": avg("mismatch/logp_abs_diff_mean"),
-        "kl_k3_avg": avg("mismatch/kl_k3"),
-        "token_mult_prob_error_avg": avg("mismatch/token_mult_prob_error"),
-    }
+    summary = summarize_metrics(metrics_path, recipe=recipe.name, seed=cfg.seed, steps=cfg.steps)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
