@@ -67,7 +67,6 @@ def write_checkpoint_dir(
 ) -> Path:
     """Write {file name: tensors} + state.json + manifest.json to `path`, atomically (see above)."""
     tmp = path.with_name(path.name + ".tmp")
-    old = path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, tensors in files.items():
@@ -79,13 +78,20 @@ def write_checkpoint_dir(
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
     _fsync_dir(tmp)
+    swap_in(tmp, path)
+    return path
+
+
+def swap_in(tmp: Path, path: Path) -> None:
+    """Replace `path` by the complete directory `tmp` with two renames; a kill in between leaves
+    `<path>.old` whole, which `find_checkpoint` falls back to."""
+    old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         path.rename(old)
     tmp.rename(path)
     _fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
-    return path
 
 
 def find_checkpoint(path: str | Path) -> Path | None:

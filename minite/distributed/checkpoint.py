@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minite.checkpoint import CheckpointError, _fsync_dir, _sha256, write_checkpoint_dir
+from minite.checkpoint import CheckpointError, _fsync_dir, _sha256, swap_in, write_checkpoint_dir
 
 OPT_PREFIX = "optimizer."
 
@@ -80,7 +80,6 @@ def save_sharded_checkpoint(
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    old = path.with_name(path.name + ".old")
     rank = dist.get_rank()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -97,12 +96,7 @@ def save_sharded_checkpoint(
     if rank == 0:
         (tmp / "manifest.json").write_text(json.dumps(dict(sorted(manifest.items())), indent=2))
         _fsync_dir(tmp)
-        shutil.rmtree(old, ignore_errors=True)
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        _fsync_dir(path.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(tmp, path)
     dist.barrier()
     return path
 
