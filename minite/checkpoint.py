@@ -15,12 +15,15 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from minite.faultinject import maybe_kill
 
 
 class CheckpointError(RuntimeError):
@@ -69,8 +72,10 @@ def write_checkpoint_dir(
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, tensors in files.items():
+    for i, (name, tensors) in enumerate(files.items()):
         save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp / name)
+        if i == 0:
+            maybe_kill("checkpoint_write")  # test hook (minite/faultinject.py): <dir>.tmp half written
     (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
     manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -84,11 +89,15 @@ def write_checkpoint_dir(
 
 def swap_in(tmp: Path, path: Path) -> None:
     """Replace `path` by the complete directory `tmp` with two renames; a kill in between leaves
-    `<path>.old` whole, which `find_checkpoint` falls back to."""
+    `<path>.old` whole, which `find_checkpoint` falls back to.
+
+    When `path` is absent, `<path>.old` may be the only whole checkpoint (a kill between the renames
+    of the previous swap): it is kept until `tmp` is in place, so no instant is without one."""
     old = path.with_name(path.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
     if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
         path.rename(old)
+    maybe_kill("checkpoint_swap")  # test hook (minite/faultinject.py): between the two renames
     tmp.rename(path)
     _fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
@@ -103,20 +112,39 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, str]:
+def _hash_here(files: list[Path]) -> dict[str, str]:
+    return {f.name: _sha256(f) for f in files}
+
+
+def verify_checkpoint(
+    path: str | Path, hash_files: Callable[[list[Path]], dict[str, str]] = _hash_here
+) -> dict[str, str]:
+    """Check every file against manifest.json; raise CheckpointError naming the first one missing or
+    corrupted. `hash_files` gives {name: sha256} of a list of files; the sharded checkpoint
+    (minite.distributed.checkpoint) splits that work over the ranks, so all of them raise or none."""
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.is_file():
-        raise CheckpointError(f"{path}: no manifest.json — not a complete miniTE checkpoint")
+        raise CheckpointError(
+            f"{path}: no manifest.json — not a complete miniTE checkpoint; point at a folder written by "
+            "minite train (<out>/checkpoint) or train-dist (<out>/checkpoint_sharded), or delete it and "
+            "train without --resume"
+        )
     manifest = json.loads(mf.read_text())
-    for name, digest in manifest.items():
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{path}: {name} listed in the manifest is missing")
-        if _sha256(f) != digest:
-            raise CheckpointError(
-                f"{path}: checksum mismatch for {name} (file corrupted or partially written)"
-            )
+    missing = [n for n in manifest if not (path / n).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{path}: {missing[0]} listed in the manifest is missing; restore the folder from a copy, "
+            "or delete it and train without --resume"
+        )
+    found = hash_files([path / n for n in manifest])
+    bad = [n for n, digest in manifest.items() if found.get(n) != digest]
+    if bad:
+        raise CheckpointError(
+            f"{path}: checksum mismatch for {bad[0]} (sha256 differs from manifest.json: the file is "
+            "corrupted or was modified); restore the folder from a copy, or delete it and train "
+            "without --resume"
+        )
     return manifest
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minite.checkpoint import CheckpointError, _fsync_dir, _sha256, swap_in, write_checkpoint_dir
+from minite.checkpoint import _fsync_dir, _hash_here, swap_in, verify_checkpoint, write_checkpoint_dir
 
 OPT_PREFIX = "optimizer."
 
@@ -66,7 +66,7 @@ def _split(flat: dict[str, torch.Tensor], groups: list) -> tuple[dict, dict]:
 def _hash_files(files: list[Path]) -> dict[str, str]:
     """sha256 of `files`, the work split over the ranks; every rank gets the whole mapping."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = {f.name: _sha256(f) for f in files[rank::world]}
+    mine = _hash_here(files[rank::world])
     parts: list[dict[str, str] | None] = [None] * world
     dist.all_gather_object(parts, mine)
     return {k: v for p in parts for k, v in (p or {}).items()}
@@ -101,30 +101,13 @@ def save_sharded_checkpoint(
     return path
 
 
-def verify_sharded_checkpoint(path: str | Path) -> dict[str, str]:
-    """Check every file against manifest.json (a collective); raises CheckpointError on all ranks."""
-    path = Path(path)
-    mf = path / "manifest.json"
-    if not mf.is_file():
-        raise CheckpointError(f"{path}: no manifest.json — not a complete sharded checkpoint")
-    manifest = json.loads(mf.read_text())
-    missing = [n for n in manifest if not (path / n).is_file()]
-    if missing:
-        raise CheckpointError(f"{path}: {missing[0]} listed in the manifest is missing")
-    found = _hash_files([path / n for n in sorted(manifest)])
-    bad = sorted(n for n, d in manifest.items() if found.get(n) != d)
-    if bad:
-        raise CheckpointError(f"{path}: checksum mismatch for {bad[0]} (file corrupted or partially written)")
-    return manifest
-
-
 def load_sharded_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Load (and reshard) into an FSDP2 model and its optimizer; returns state.json. A collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
-    verify_sharded_checkpoint(path)
+    verify_checkpoint(path, _hash_files)  # every rank hashes a share of the files
     meta = json.loads((path / "state.json").read_text())
     flat, _ = _flat_state(model, optimizer)
     dcp.load(flat, storage_reader=dcp.HuggingFaceStorageReader(str(path)))

@@ -42,7 +42,8 @@ import torch
 
 GIB = 1024**3
 
-# Qwen3-30B-A3B (config.json of the released checkpoint)
+# Qwen3-30B-A3B (config.json of the released checkpoint): its sizes; the architecture fields it shares
+# with every Qwen3-MoE built here are minite.models.tiny.QWEN3_MOE_ARCH
 QWEN3_30B_A3B: dict[str, Any] = dict(
     vocab_size=151936,
     hidden_size=2048,
@@ -54,16 +55,8 @@ QWEN3_30B_A3B: dict[str, Any] = dict(
     moe_intermediate_size=768,
     num_experts=128,
     num_experts_per_tok=8,
-    norm_topk_prob=True,
-    decoder_sparse_step=1,
-    mlp_only_layers=[],
     max_position_embeddings=40960,
     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-    rms_norm_eps=1e-6,
-    hidden_act="silu",
-    attention_bias=False,
-    tie_word_embeddings=False,
-    use_sliding_window=False,
 )
 
 NVFP4_BYTES = 0.5 + 1 / 16  # 4-bit element + one E4M3 scale per 16 elements
@@ -71,11 +64,9 @@ H200_GIB = 140.0  # 143,771 MiB reported; leave the runtime's share
 
 
 def qwen3_30b_a3b_config(**overrides: Any):
-    from transformers import Qwen3MoeConfig
+    from minite.models.tiny import qwen3_moe_config
 
-    cfg = Qwen3MoeConfig(**{**QWEN3_30B_A3B, **overrides})
-    cfg.architectures = ["Qwen3MoeForCausalLM"]
-    return cfg
+    return qwen3_moe_config(QWEN3_30B_A3B, **overrides)
 
 
 def _dims(cfg) -> dict[str, int]:

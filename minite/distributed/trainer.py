@@ -31,9 +31,9 @@ from minite.distributed.fsdp import shard_model
 from minite.engines.faults import NonFiniteError, locate_activation
 from minite.engines.trainer import OptimConfig, TokenBatch, Trainer, sequence_logprobs
 from minite.nn.functional import amax_sync, needs_amax_sync
-from minite.nn.swap import apply_numerics, clear_weight_caches, linear_numerics, set_compute_dtype
+from minite.nn.swap import clear_weight_caches, linear_numerics
 from minite.recipes import Recipe
-from minite.rl.grpo import GRPOConfig, grpo_loss
+from minite.rl.grpo import GRPOConfig
 
 
 def shard_rows(n: int, rank: int, world: int) -> slice:
@@ -51,13 +51,6 @@ def comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _any(flag: bool) -> bool:
-    """Did any rank see `flag`? (every rank takes the same decision)"""
-    t = torch.tensor([1.0 if flag else 0.0], device=comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -67,8 +60,11 @@ class DistributedTrainer(Trainer):
 
     `batch`, `advantages` and `logp_old` passed to `update`/`recompute_logprobs` are this rank's
     rows. `sync_amax=None` turns the amax all-reduce on exactly when the recipe's trainer numerics
-    have a per-tensor activation or gradient scale.
+    have a per-tensor activation or gradient scale. `Trainer.update` is the loop; the methods below
+    are its "Across ranks" hooks.
     """
+
+    raise_loss_at_once = False  # a rank that raised alone would leave the others in FSDP's collectives
 
     def __init__(
         self,
@@ -86,27 +82,21 @@ class DistributedTrainer(Trainer):
         if not dist.is_initialized():
             raise RuntimeError("DistributedTrainer needs torch.distributed initialized (torchrun)")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.model = model.float().train()
-        self.recipe = recipe
-        self.optim_cfg = optim
-        self.grpo_cfg = grpo
-        self.seeds = apply_numerics(self.model, recipe.trainer, seed=seed)
-        self.dtype = torch.bfloat16 if optim.compute_dtype == "bfloat16" else torch.float32
-        set_compute_dtype(self.model, self.dtype)
-        shard_model(
-            self.model,
+        self._sync_amax = sync_amax
+        self._fsdp = dict(
             mesh=mesh,
-            param_dtype=self.dtype,
             reshard_after_forward=reshard_after_forward,
             activation_checkpointing=activation_checkpointing,
         )
+        super().__init__(model, recipe, optim, grpo, seed)
+
+    def _wrap_model(self) -> None:
+        shard_model(self.model, param_dtype=self.dtype, **self._fsdp)
+        sync_amax = self._sync_amax
         if sync_amax is None:
-            sync_amax = needs_amax_sync(linear_numerics(recipe.trainer))
+            sync_amax = needs_amax_sync(linear_numerics(self.recipe.trainer))
         # a group of its own, so its all-reduces never interleave with FSDP's collectives
         self.amax_group = dist.new_group(backend=dist.get_backend()) if sync_amax else None
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
-        )
 
     # --- forward -------------------------------------------------------------------------------------
 
@@ -118,13 +108,36 @@ class DistributedTrainer(Trainer):
 
     def _check_activations(self, batch: TokenBatch, logp: torch.Tensor, tensor: str) -> None:
         bad = not bool(torch.isfinite(logp[batch.mask]).all())
-        if not _any(bad):
+        if not self._any(bad):
             return
         with amax_sync(self.amax_group):  # every rank re-runs the forward (it is a collective)
             site = locate_activation(self.model, lambda: self.logprobs(batch))
         raise NonFiniteError({"kind": "activation", "site": site, "tensor": tensor, "rank": self.rank})
 
-    # --- update --------------------------------------------------------------------------------------
+    # --- update: Trainer's hooks, across ranks -------------------------------------------------------
+
+    def _any(self, flag: bool) -> bool:
+        t = torch.tensor([1.0 if flag else 0.0], device=comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+    def _global_rows(self, n: int) -> int:
+        """Every rank must hold the same number of rows (the micro-batch loop issues FSDP collectives)."""
+        dev = comm_device()
+        sizes = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([n], device=dev))
+        if len({int(s) for s in sizes}) != 1:
+            raise ValueError(f"ranks hold different numbers of rows: {[int(s) for s in sizes]}")
+        return n * self.world
+
+    def _global_tokens(self, mask: torch.Tensor) -> torch.Tensor:
+        total = mask.sum().reshape(1).to(comm_device(), torch.float64)
+        dist.all_reduce(total)
+        return total.clamp(min=1).to(mask.device, mask.sum().dtype)[0]
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        with amax_sync(self.amax_group):
+            loss.backward()
 
     def _nonfinite_grads(self) -> list[str]:
         local = [
@@ -132,84 +145,29 @@ class DistributedTrainer(Trainer):
             for n, p in self.model.named_parameters()
             if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all())
         ]
-        return local if _any(bool(local)) else []
+        return local if self._any(bool(local)) else []
 
     def _nonfinite_params(self) -> list[str]:
         local = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(_local(p)).all())]
-        return local if _any(bool(local)) else []
+        return local if self._any(bool(local)) else []
 
-    def update(
-        self,
-        batch: TokenBatch,
-        advantages: torch.Tensor,
-        logp_old: torch.Tensor,
-        *,
-        minibatches: int = 1,
-        micro_batch: int = 64,
-    ) -> dict[str, float]:
-        """One pass of `minibatches` optimizer steps over the global batch (this rank's rows given).
+    def _clip_grads(self) -> torch.Tensor:
+        grad_norm = super()._clip_grads()
+        return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
 
-        Every rank must hold the same number of rows (the micro-batch loop issues FSDP collectives).
-        Statistics are those of `Trainer.update` over the global batch, identical on every rank."""
-        n_local = batch.mask.shape[0]
-        dev = comm_device()
-        sizes = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([n_local], device=dev))
-        if len({int(s) for s in sizes}) != 1:
-            raise ValueError(f"ranks hold different numbers of rows: {[int(s) for s in sizes]}")
-        n_global = n_local * self.world
-        stats_acc: dict[str, float] = {}
-        mb_size = -(-n_local // minibatches)
-        for m in range(minibatches):
-            rows = torch.arange(m * mb_size, min((m + 1) * mb_size, n_local))
-            if len(rows) == 0:
-                continue
-            self.optimizer.zero_grad(set_to_none=True)
-            total = batch.mask[rows].sum().reshape(1).to(dev, torch.float64)
-            dist.all_reduce(total)  # the global token-mean's denominator
-            total_tokens = total.clamp(min=1).to(batch.mask.device, batch.mask.sum().dtype)[0]
-            loss_bad = False
-            for i in range(0, len(rows), micro_batch):
-                r = rows[i : i + micro_batch]
-                sub = batch.select(r)
-                logp_new = self.logprobs(sub)
-                self._check_activations(sub, logp_new.detach(), "logprobs (update)")
-                loss, stats = grpo_loss(
-                    logp_new,
-                    logp_old[r],
-                    advantages[r],
-                    sub.mask,
-                    self.grpo_cfg,
-                    logp_sampler=sub.sampler_logp,
-                )
-                loss_bad = loss_bad or not bool(torch.isfinite(loss))
-                with amax_sync(self.amax_group):
-                    (loss * sub.mask.sum() / total_tokens).backward()
-                for k, v in stats.items():
-                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(r) / n_global
-            if _any(loss_bad):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError({"kind": "loss", "tensor": "grpo_loss", "minibatch": m})
-            bad = self._nonfinite_grads()
-            if bad:
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError({"kind": "gradient", "params": bad[:10], "minibatch": m})
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
-            self.optimizer.step()
-            # FSDP2 all-gathers into reused unsharded parameters without a version bump: the quantized
-            # weight caches cannot see the step, so drop them
-            clear_weight_caches(self.model)
-            bad = self._nonfinite_params()
-            if bad:
-                raise NonFiniteError({"kind": "parameter", "params": bad[:10], "minibatch": m, "fatal": True})
-        keys = sorted(k for k in stats_acc if k != "grad_norm")
-        t = torch.tensor([stats_acc[k] for k in keys], dtype=torch.float64, device=dev)
+    def _after_step(self) -> None:
+        # FSDP2 all-gathers into reused unsharded parameters without a version bump: the quantized
+        # weight caches cannot see the step, so drop them
+        clear_weight_caches(self.model)
+
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """Sums over ranks (each rank's stats are already weighted by its share of the global rows);
+        grad_norm is already global."""
+        keys = sorted(k for k in stats if k != "grad_norm")
+        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=comm_device())
         dist.all_reduce(t)
         out = dict(zip(keys, t.tolist(), strict=True))
-        out["grad_norm"] = stats_acc.get("grad_norm", 0.0)
+        out["grad_norm"] = stats.get("grad_norm", 0.0)
         return out
 
     def gather_logprobs(self, logp_local: torch.Tensor) -> torch.Tensor:

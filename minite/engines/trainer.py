@@ -31,8 +31,8 @@ class OptimConfig:
     compute_dtype: str = "bfloat16"  # or "float32"
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < float("inf"):  # NaN fails every comparison
+            raise ValueError(f"OptimConfig.lr must be a finite number > 0, got {self.lr}")
         if self.compute_dtype not in ("bfloat16", "float32"):
             raise ValueError(
                 f"OptimConfig.compute_dtype must be 'bfloat16' or 'float32', got {self.compute_dtype!r}"
@@ -108,6 +108,14 @@ def sequence_logprobs(
 
 
 class Trainer:
+    """The single-process learner; `minite.distributed.trainer.DistributedTrainer` runs the same GRPO
+    update data parallel by overriding the hooks marked "Across ranks" below (identities here), so the
+    micro-batch loop in `update` is written once."""
+
+    # a non-finite loss raises at the micro-batch that gave it; data parallel, every rank first finishes
+    # the micro-batch loop (it issues collectives) and the ranks raise together after it
+    raise_loss_at_once = True
+
     def __init__(self, model: nn.Module, recipe: Recipe, optim: OptimConfig, grpo: GRPOConfig, seed: int = 0):
         self.model = model.float().train()
         self.recipe = recipe
@@ -116,6 +124,7 @@ class Trainer:
         self.seeds = apply_numerics(self.model, recipe.trainer, seed=seed)
         self.dtype = torch.bfloat16 if optim.compute_dtype == "bfloat16" else torch.float32
         set_compute_dtype(self.model, self.dtype)
+        self._wrap_model()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
         )
@@ -144,6 +153,45 @@ class Trainer:
             {"kind": "activation", "site": site, "tensor": tensor, "params": nonfinite_params(self.model)[:5]}
         )
 
+    # --- Across ranks: the hooks a data-parallel learner overrides ---------------------------------------
+
+    def _wrap_model(self) -> None:
+        """Shard the model (before the optimizer takes its parameters)."""
+
+    def _any(self, flag: bool) -> bool:
+        """Did any rank see `flag`? (every rank takes the same decision)"""
+        return flag
+
+    def _global_rows(self, n: int) -> int:
+        """Rows of the global batch, this process holding `n` of them."""
+        return n
+
+    def _global_tokens(self, mask: torch.Tensor) -> torch.Tensor:
+        """Valid tokens of a minibatch over the global batch (at least 1): the token-mean's denominator."""
+        return mask.sum().clamp(min=1)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _nonfinite_grads(self) -> list[str]:
+        return nonfinite_grads(self.model)
+
+    def _nonfinite_params(self) -> list[str]:
+        return nonfinite_params(self.model)
+
+    def _clip_grads(self) -> torch.Tensor:
+        """Clip to `grad_clip`; the total norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+
+    def _after_step(self) -> None:
+        """After each optimizer step."""
+
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """Statistics of this process's rows -> those of the global batch."""
+        return stats
+
+    # --- update --------------------------------------------------------------------------------------
+
     def update(
         self,
         batch: TokenBatch,
@@ -153,17 +201,21 @@ class Trainer:
         minibatches: int = 1,
         micro_batch: int = 64,
     ) -> dict[str, float]:
-        """One pass of `minibatches` optimizer steps over the batch (GRPO/DAPO loss)."""
-        n = batch.mask.shape[0]
-        order = torch.arange(n)
+        """One pass of `minibatches` optimizer steps over the batch (GRPO/DAPO loss).
+
+        Data parallel, `batch`, `advantages` and `logp_old` are this rank's rows of the global batch
+        and the statistics are those of the global batch."""
+        n_local = batch.mask.shape[0]
+        n = self._global_rows(n_local)
         stats_acc: dict[str, float] = {}
-        mb_size = -(-n // minibatches)
+        mb_size = -(-n_local // minibatches)
         for m in range(minibatches):
-            rows = order[m * mb_size : (m + 1) * mb_size]
+            rows = torch.arange(m * mb_size, min((m + 1) * mb_size, n_local))
             if len(rows) == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
-            total_tokens = batch.mask[rows].sum().clamp(min=1)
+            total_tokens = self._global_tokens(batch.mask[rows])
+            loss_bad = False
             for i in range(0, len(rows), micro_batch):
                 r = rows[i : i + micro_batch]
                 sub = batch.select(r)
@@ -177,22 +229,26 @@ class Trainer:
                     self.grpo_cfg,
                     logp_sampler=sub.sampler_logp,
                 )
-                if not bool(torch.isfinite(loss)):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise NonFiniteError({"kind": "loss", "tensor": "grpo_loss", "minibatch": m})
+                loss_bad = loss_bad or not bool(torch.isfinite(loss))
+                if loss_bad and self.raise_loss_at_once:
+                    break
                 # token-mean over the whole minibatch: weight each micro-batch by its share of tokens
-                (loss * sub.mask.sum() / total_tokens).backward()
+                self._backward(loss * sub.mask.sum() / total_tokens)
                 for k, v in stats.items():
                     stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(r) / n
-            bad = nonfinite_grads(self.model)
+            if self._any(loss_bad):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError({"kind": "loss", "tensor": "grpo_loss", "minibatch": m})
+            bad = self._nonfinite_grads()
             if bad:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError({"kind": "gradient", "params": bad[:10], "minibatch": m})
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+            grad_norm = self._clip_grads()
             stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
             self.optimizer.step()
-            bad = nonfinite_params(self.model)
+            self._after_step()
+            bad = self._nonfinite_params()
             if bad:
                 # the update itself overflowed: the weights are gone, so this cannot be skipped
                 raise NonFiniteError({"kind": "parameter", "params": bad[:10], "minibatch": m, "fatal": True})
-        return stats_acc
+        return self._reduce_stats(stats_acc)

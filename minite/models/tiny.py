@@ -21,6 +21,7 @@ checks that layout so a change in transformers cannot silently produce a checkpo
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -42,13 +43,34 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+# What every Qwen3-MoE built here shares with the released Qwen3-30B-A3B (its config.json); a model's
+# settings (this tiny one, minite.distributed.plan.QWEN3_30B_A3B) give only its sizes and ids
+QWEN3_MOE_ARCH: dict[str, Any] = dict(
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],  # every layer is MoE
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    attention_bias=False,
+    use_sliding_window=False,
+    tie_word_embeddings=False,
+)
+
+
+def qwen3_moe_config(settings: dict[str, Any], **overrides: Any) -> Qwen3MoeConfig:
+    """`Qwen3MoeConfig` of QWEN3_MOE_ARCH + a model's `settings`; keyword overrides replace any field."""
+    cfg = Qwen3MoeConfig(**copy.deepcopy({**QWEN3_MOE_ARCH, **settings, **overrides}))
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return cfg
+
+
 def build_tiny_config(**overrides: Any) -> Qwen3MoeConfig:
     """Tiny Qwen3-MoE config; keyword overrides replace any field (e.g. num_hidden_layers=2).
 
     Token ids (pad/bos/eos) and the default vocab size come from `minite.models.tokenizer`.
     """
     tok = build_tokenizer()
-    fields: dict[str, Any] = dict(
+    settings: dict[str, Any] = dict(
         vocab_size=_round_up(len(tok), VOCAB_MULTIPLE),
         hidden_size=128,
         num_hidden_layers=4,
@@ -59,16 +81,8 @@ def build_tiny_config(**overrides: Any) -> Qwen3MoeConfig:
         moe_intermediate_size=64,
         num_experts=8,
         num_experts_per_tok=2,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
         max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        rms_norm_eps=1e-6,
-        hidden_act="silu",
-        attention_bias=False,
-        use_sliding_window=False,
-        tie_word_embeddings=False,
         initializer_range=0.02,
         router_aux_loss_coef=0.001,
         output_router_logits=False,
@@ -76,10 +90,7 @@ def build_tiny_config(**overrides: Any) -> Qwen3MoeConfig:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
-    fields.update(overrides)
-    cfg = Qwen3MoeConfig(**fields)
-    cfg.architectures = ["Qwen3MoeForCausalLM"]
-    return cfg
+    return qwen3_moe_config(settings, **overrides)
 
 
 def check_nvfp4_dims(cfg: Qwen3MoeConfig, multiple: int = NVFP4_BLOCK) -> None:

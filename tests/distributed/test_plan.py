@@ -13,6 +13,14 @@ def cfg():
     return P.qwen3_30b_a3b_config()
 
 
+def test_config_is_the_released_one(cfg):
+    assert cfg.architectures == ["Qwen3MoeForCausalLM"]
+    assert cfg.num_hidden_layers == 48 and cfg.num_experts == 128 and cfg.num_experts_per_tok == 8
+    assert cfg.norm_topk_prob is True and cfg.rms_norm_eps == 1e-6 and cfg.mlp_only_layers == []
+    assert cfg.rope_parameters["rope_theta"] == 1e6 and cfg.tie_word_embeddings is False
+    assert P.qwen3_30b_a3b_config(num_hidden_layers=2).num_hidden_layers == 2
+
+
 def test_param_count_matches_the_closed_form(cfg):
     model = P.build_meta_model(cfg)
     assert all(p.is_meta for p in model.parameters())

@@ -7,11 +7,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeForCausalLM
 
 from minite.models.tiny import (
+    QWEN3_MOE_ARCH,
     build_tiny_config,
     build_tiny_model,
     check_checkpoint_layout,
     check_nvfp4_dims,
     checkpoint_keys,
+    qwen3_moe_config,
     save_model,
 )
 from minite.models.tokenizer import build_tokenizer
@@ -48,6 +50,14 @@ def test_overrides_and_dim_check():
     assert build_tiny_config(num_hidden_layers=2).num_hidden_layers == 2
     with pytest.raises(ValueError, match="multiple of 16"):
         build_tiny_model(build_tiny_config(moe_intermediate_size=40))
+
+
+def test_configs_share_the_architecture_fields_by_copy():
+    tiny, other = build_tiny_config(), qwen3_moe_config({"hidden_size": 64}, num_experts=4)
+    assert other.hidden_size == 64 and other.num_experts == 4
+    assert all(getattr(tiny, k) == getattr(other, k) == v for k, v in QWEN3_MOE_ARCH.items())
+    tiny.mlp_only_layers.append(0)  # a config's lists are its own
+    assert QWEN3_MOE_ARCH["mlp_only_layers"] == [] and other.mlp_only_layers == []
 
 
 def test_every_quantizable_linear_is_block_aligned():
