@@ -30,7 +30,7 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -77,7 +77,7 @@ def write_checkpoint_dir(
         if i == 0:
             maybe_kill("checkpoint_write")  # test hook (minite/faultinject.py): <dir>.tmp half written
     (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    manifest = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     for f in tmp.iterdir():
         with f.open("rb") as fh:
@@ -113,7 +113,7 @@ def find_checkpoint(path: str | Path) -> Path | None:
 
 
 def _hash_here(files: list[Path]) -> dict[str, str]:
-    return {f.name: _sha256(f) for f in files}
+    return {f.name: sha256_file(f) for f in files}
 
 
 def verify_checkpoint(

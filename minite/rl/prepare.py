@@ -14,7 +14,6 @@ Output layout:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,18 +25,11 @@ from typing import Any
 import torch
 import transformers
 
+from minite.checkpoint import sha256_file
 from minite.models.tiny import build_tiny_config, build_tiny_model, save_model
 from minite.models.tokenizer import build_tokenizer
 from minite.rl.sft import SFTConfig, accuracy, sft
 from minite.rl.task import TaskConfig, generate, save_jsonl
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
@@ -102,7 +94,7 @@ def prepare_tiny(
             "n_train": len(train),
             "n_eval": len(ev),
             "n_params": sum(p.numel() for p in model.parameters()),
-            "model_sha256": _sha256(tmp / "base_model" / "model.safetensors"),
+            "model_sha256": sha256_file(tmp / "base_model" / "model.safetensors"),
             "task_config": asdict(task_cfg),
             "model_overrides": model_overrides,
             "model_config": model_cfg.to_dict(),
