@@ -94,10 +94,9 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     kwargs = {k: _convert(hints[k], v, f"{where}.{k}") for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from e
+    except (TypeError, ValueError) as e:  # ConfigError included: say which file/section it came from
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(f"{where}:") else f"{where}: {msg}") from e
 
 
 def to_dict(obj: Any) -> Any:

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from minite.faultinject import maybe_kill
+
 REPO = Path(__file__).resolve().parents[1]
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
@@ -267,6 +269,7 @@ def log_run(
             items = [Param(k, v) for k, v in sorted(all_params.items())]
             for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
                 _retry(client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            maybe_kill("mlflow_log")  # test hook (minite/faultinject.py): run + params logged, no metrics
             for i in range(0, len(metric_list), MAX_METRICS_PER_BATCH):
                 _retry(client.log_batch, run_id, metrics=metric_list[i : i + MAX_METRICS_PER_BATCH])
             for a in artifacts:

@@ -34,12 +34,22 @@ def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> d
 
 
 def run_guarded(fn: Callable[[], int | None]) -> int:
-    """Turn expected user errors into one clear line on stderr and exit code 2 (no traceback)."""
+    """Turn expected user errors into one clear line on stderr and exit code 2 (no traceback): a bad
+    config value or input file (ConfigError), a missing file, a corrupted checkpoint."""
     try:
         return int(fn() or 0)
-    except (ConfigError, FileNotFoundError) as e:
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            raise
         print(f"minite: error: {e}", file=sys.stderr)
         return 2
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    # minite.checkpoint imports torch: look it up only if loaded (a verb that never loaded it cannot
+    # have raised its CheckpointError), so light verbs (resolve, log) stay torch-free
+    ckpt = sys.modules.get("minite.checkpoint")
+    return (ConfigError, FileNotFoundError) + ((ckpt.CheckpointError,) if ckpt else ())
 
 
 def add_set_arg(p: argparse.ArgumentParser) -> None:

@@ -39,20 +39,66 @@ def _link(src: Path, dst: Path) -> None:
     dst.symlink_to(src.resolve())
 
 
-def prepare_local(sec: dict[str, Any], out: Path) -> dict[str, Any]:
-    model = Path(sec["model_path"])
-    if not (model / "config.json").is_file():
+def check_local(sec: dict[str, Any]) -> dict[str, int]:
+    """Validate a `kind: local` section before anything is written: the checkpoint folder and both
+    data files exist and every data line parses. Returns {split: number of examples}."""
+    model = sec.get("model_path")
+    data = sec.get("data")
+    if not isinstance(model, str) or not isinstance(data, dict) or not {"train", "eval"} <= set(data):
+        raise ConfigError(
+            "prepare (kind local): needs model_path (an HF checkpoint folder) and data: {train: FILE, "
+            "eval: FILE} (JSONL of {prompt, answer}); add the missing keys to the profile's prepare section"
+        )
+    if not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"prepare.model_path {model}: no config.json (an HF checkpoint folder?)")
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    _link(model, out / "base_model")
     from minite.rl.task import load_jsonl
 
     counts = {}
     for split in ("train", "eval"):
-        src = Path(sec["data"][split])
+        src = Path(data[split])
+        if not src.is_file():
+            raise FileNotFoundError(f"prepare.data.{split}: no file {src}")
         counts[split] = len(load_jsonl(src))  # validates every line, naming file and line
-        _link(src, out / "data" / f"{split}.jsonl")
+    return counts
+
+
+def prepare_local(sec: dict[str, Any], out: Path) -> dict[str, Any]:
+    counts = check_local(sec)
+    model = Path(sec["model_path"])
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    _link(model, out / "base_model")
+    for split in ("train", "eval"):
+        _link(Path(sec["data"][split]), out / "data" / f"{split}.jsonl")
     return {"kind": "local", "model_path": str(model), "n_train": counts["train"], "n_eval": counts["eval"]}
+
+
+def check_tiny(sec: dict[str, Any]) -> None:
+    """Validate a `kind: tiny` section before anything is written: task and SFT fields (unknown keys
+    get a did-you-mean), model overrides (known Qwen3-MoE config keys, NVFP4-blockable dims)."""
+    from minite.models.tiny import build_tiny_config, check_nvfp4_dims
+    from minite.rl.sft import SFTConfig
+    from minite.rl.task import TaskConfig
+
+    from_dict(TaskConfig, sec.get("task") or {}, where="prepare.task")
+    from_dict(SFTConfig, sec.get("sft") or {}, where="prepare.sft")
+    model = sec.get("model") or {}
+    if not isinstance(model, dict):
+        raise ConfigError(f"prepare.model: expected a mapping of model config overrides, got {model!r}")
+    base = build_tiny_config()
+    valid = sorted({*base.to_dict(), *base.attribute_map})  # attribute_map: aliases (num_experts)
+    for key in model:
+        if key not in valid:
+            import difflib
+
+            close = difflib.get_close_matches(key, valid, n=1)
+            did = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"prepare.model: unknown key {key!r}{did}; use a field of transformers' Qwen3MoeConfig"
+            )
+    try:
+        check_nvfp4_dims(build_tiny_config(**model))
+    except ValueError as e:
+        raise ConfigError(f"prepare.model: {e}; every quantized linear needs multiples of 16") from e
 
 
 def prepare_tiny_inline(sec: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -89,10 +135,17 @@ def main(argv: list[str]) -> int:
         sec = cfg.get("prepare")
         if not isinstance(sec, dict):
             raise ConfigError(f"{args.profile}: no `prepare:` section")
+        kind = sec.get("kind", "tiny")
+        # everything is checked before --out is created: a bad input writes nothing
+        if kind == "local":
+            check_local(sec)
+        elif kind == "tiny":
+            check_tiny(sec)
+        else:
+            raise ConfigError(f"prepare.kind {kind!r}: use 'tiny' or 'local'")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        kind = sec.get("kind", "tiny")
         if kind == "local":
             metrics = prepare_local(sec, out)
         elif kind == "tiny":
@@ -112,8 +165,6 @@ def main(argv: list[str]) -> int:
                 )
                 if (out / "prepare_metrics.json").is_file():
                     metrics = json.loads((out / "prepare_metrics.json").read_text())
-        else:
-            raise ConfigError(f"prepare.kind {kind!r}: use 'tiny' or 'local'")
         metrics = dict(metrics or {})
         metrics.setdefault("wall_s", time.perf_counter() - t0)
         (out / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")

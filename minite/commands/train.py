@@ -47,7 +47,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model-dir", dest="model_dir")
     p.add_argument("--data-dir", dest="data_dir")
     p.add_argument("--out", dest="out_dir")
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint if present")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <out>/checkpoint (verified by checksum; an error if there is none)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--mlflow-experiment", help="log the run to MLflow under this experiment")
     p.add_argument("--mlflow-run-name")

@@ -19,16 +19,24 @@ from typing import Any, Literal
 
 import torch
 
-from minite.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from minite.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
 from minite.configuration import ConfigError, from_dict, load_yaml, to_dict
 from minite.diagnostics.metrics import mismatch_metrics
 from minite.engines.base import SamplingParams
 from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
 from minite.engines.weight_sync import export_weights
+from minite.faultinject import maybe_kill
 from minite.recipes import get_recipe
 from minite.rl.grpo import GRPOConfig, group_advantages
 from minite.rl.task import Example, load_jsonl, reward
+
+
+def _at_least(low: int, **values: int) -> None:
+    """ConfigError naming the first key whose value is below `low`."""
+    for key, value in values.items():
+        if value < low:
+            raise ConfigError(f"{key} must be >= {low}, got {value}; set {key} to {low} or more")
 
 
 @dataclass(frozen=True)
@@ -38,10 +46,11 @@ class RolloutConfig:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.prompts_per_step < 1 or self.max_new_tokens < 1:
-            raise ConfigError("rollout.prompts_per_step and rollout.max_new_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        _at_least(1, prompts_per_step=self.prompts_per_step, max_new_tokens=self.max_new_tokens)
+        if not 0 <= self.temperature < math.inf:  # NaN fails every comparison
+            raise ConfigError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}"
+            )
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,10 @@ class EvalConfig:
     n_examples: int = 128
     max_new_tokens: int = 8
 
+    def __post_init__(self) -> None:
+        _at_least(0, every=self.every, n_examples=self.n_examples)
+        _at_least(1, max_new_tokens=self.max_new_tokens)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -103,10 +116,21 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.minibatches < 1 or self.micro_batch < 1 or self.checkpoint_every < 1:
-            raise ConfigError("minibatches, micro_batch and checkpoint_every must be >= 1")
+        _at_least(
+            1,
+            steps=self.steps,
+            minibatches=self.minibatches,
+            micro_batch=self.micro_batch,
+            checkpoint_every=self.checkpoint_every,
+        )
+        rows = self.rollout.prompts_per_step * self.grpo.group_size
+        if self.minibatches > rows:
+            raise ConfigError(
+                f"minibatches={self.minibatches} exceeds the {rows} sequences of a step "
+                f"(rollout.prompts_per_step={self.rollout.prompts_per_step} x grpo.group_size="
+                f"{self.grpo.group_size}), so some optimizer steps would see no data; set minibatches "
+                f"<= {rows}"
+            )
 
 
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -118,8 +142,80 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
     return from_dict(TrainConfig, data, where=str(path))
 
 
-def check_inputs(cfg: TrainConfig) -> None:
-    """Fail before any compute on missing or unreadable inputs, naming the file."""
+NVFP4_BLOCK = 16
+
+
+def check_model_dims(model_config: Any, recipe, where: str) -> None:
+    """A recipe that quantizes needs the in/out dims of every linear it quantizes to be multiples of
+    16 (one NVFP4 block along K; 16x16 weight tiles). Raises ConfigError naming the dim and layers.
+    `model_config`: a transformers config (attribute names normalised, e.g. num_experts) or a dict."""
+    if not isinstance(model_config, dict):
+        model_config = {
+            k: getattr(model_config, k, None)
+            for k in (
+                "num_hidden_layers",
+                "hidden_size",
+                "num_attention_heads",
+                "head_dim",
+                "num_key_value_heads",
+                "num_experts",
+                "mlp_only_layers",
+                "decoder_sparse_step",
+                "moe_intermediate_size",
+                "intermediate_size",
+            )
+        }
+        model_config = {k: v for k, v in model_config.items() if v is not None}
+    specs = [s for s in (recipe.trainer, recipe.sampler) if s.quantized]
+    n_layers = int(model_config.get("num_hidden_layers", 1))
+    if not any(s.block_is_quantized(i, n_layers) for s in specs for i in range(n_layers)):
+        return
+    attention = any(s.quantize_attention for s in specs)
+    experts = any(s.quantize_experts for s in specs)
+    hidden = model_config.get("hidden_size")
+    heads = model_config.get("num_attention_heads")
+    head_dim = model_config.get("head_dim") or (hidden // heads if hidden and heads else None)
+    kv_heads = model_config.get("num_key_value_heads", heads)
+    moe = int(model_config.get("num_experts", 0) or 0) > 0
+    dense = (
+        not moe or bool(model_config.get("mlp_only_layers")) or model_config.get("decoder_sparse_step", 1) > 1
+    )
+    dims: list[tuple[str, Any, str]] = []
+    if attention:
+        dims.append(("hidden_size", hidden, "self_attn.q_proj/k_proj/v_proj (in), self_attn.o_proj (out)"))
+        if heads and head_dim:
+            dims.append(
+                ("num_attention_heads*head_dim", heads * head_dim, "self_attn.q_proj (out), o_proj (in)")
+            )
+        if kv_heads and head_dim:
+            dims.append(
+                ("num_key_value_heads*head_dim", kv_heads * head_dim, "self_attn.k_proj/v_proj (out)")
+            )
+    if experts and moe:
+        dims.append(("hidden_size", hidden, "mlp.experts.*.gate_proj/up_proj (in), down_proj (out)"))
+        dims.append(
+            (
+                "moe_intermediate_size",
+                model_config.get("moe_intermediate_size"),
+                "mlp.experts.*.gate_proj/up_proj (out), down_proj (in)",
+            )
+        )
+    if experts and dense:
+        dims.append(("intermediate_size", model_config.get("intermediate_size"), "mlp.gate/up/down_proj"))
+    for key, value, layers in dims:
+        if isinstance(value, int) and value % NVFP4_BLOCK:
+            raise ConfigError(
+                f"{where}: {key}={value} is not a multiple of {NVFP4_BLOCK} (the NVFP4 block), which recipe "
+                f"{recipe.name!r} needs for the layers it quantizes: {layers}; use a model whose {key} is "
+                f"a multiple of {NVFP4_BLOCK}, or a recipe that keeps these layers in bf16 (e.g. bf16)"
+            )
+
+
+def check_inputs(cfg: TrainConfig, *, resume: bool = False) -> None:
+    """Fail before any compute (no model built, nothing written) on inputs that cannot work: missing
+    or unreadable model/data files, a malformed data line, a tokenizer that does not fit the model,
+    model dims a quantized recipe cannot block, more prompts per step than training examples, and
+    with `resume` a missing, corrupted or foreign checkpoint. Messages name the file, key or value."""
     md = Path(cfg.model_dir)
     if not (md / "config.json").is_file():
         raise FileNotFoundError(f"model_dir {md}: no config.json (run `minite prepare` first?)")
@@ -129,7 +225,54 @@ def check_inputs(cfg: TrainConfig) -> None:
         f = Path(cfg.data_dir) / f"{split}.jsonl"
         if not f.is_file():
             raise FileNotFoundError(f"data_dir {cfg.data_dir}: missing {f.name}")
-    get_recipe(cfg.recipe)
+    recipe = get_recipe(cfg.recipe)
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        model_config = AutoConfig.from_pretrained(str(md))
+    except (OSError, ValueError) as e:  # JSON errors are ValueErrors
+        raise ConfigError(
+            f"{md / 'config.json'}: not a readable model config ({e}); re-save the model"
+        ) from e
+    check_model_dims(model_config, recipe, where=str(md / "config.json"))
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(md))
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"model_dir {md}: cannot load its tokenizer ({e}); save one beside the model"
+        ) from e
+    vocab = getattr(model_config, "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ConfigError(
+            f"model_dir {md}: the tokenizer has {len(tokenizer)} tokens but config.json vocab_size is "
+            f"{vocab}, so sampled ids could index past the embedding; use the tokenizer the model was "
+            "trained with, or a model with vocab_size >= the tokenizer's size"
+        )
+    train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")  # every line checked: file and line named
+    load_jsonl(Path(cfg.data_dir) / "eval.jsonl")
+    if len(train_set) < cfg.rollout.prompts_per_step:
+        raise ConfigError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} exceeds the {len(train_set)} examples "
+            f"in {Path(cfg.data_dir) / 'train.jsonl'} (prompts are drawn without replacement); lower it "
+            "or add examples"
+        )
+    if resume:
+        ckpt = Path(cfg.out_dir) / "checkpoint"
+        found = find_checkpoint(ckpt)
+        if found is None:
+            raise ConfigError(
+                f"--resume: no checkpoint in {ckpt} (nor {ckpt.name}.old): the run has not reached its "
+                f"first checkpoint (every checkpoint_every={cfg.checkpoint_every} steps) or --out points "
+                "elsewhere; check --out, or run without --resume to start from step 0"
+            )
+        verify_checkpoint(found)
+        state = json.loads((found / "state.json").read_text())
+        if state.get("recipe", recipe.name) != recipe.name:
+            raise ConfigError(
+                f"--resume: {found} was written by recipe {state['recipe']!r}, this run is {recipe.name!r}; "
+                "resume with the same recipe, or give another --out"
+            )
 
 
 def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer):
@@ -173,10 +316,29 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def _truncate_metrics(path: Path, before_step: int) -> None:
-    """Drop records of steps that a resume will recompute (logged after the last checkpoint)."""
+    """Drop records of steps that a resume will recompute (logged after the last checkpoint), and a
+    torn last line (a kill inside its write: no trailing newline, not valid JSON)."""
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < before_step]
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    keep = []
+    for i, ln in enumerate(lines, start=1):
+        if not ln.strip():
+            continue
+        try:
+            step = json.loads(ln)["step"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"{path}:{i}: not a metrics record ({e}); fix or delete that line, then resume"
+            ) from e
+        if step < before_step:
+            keep.append(ln)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(ln + "\n" for ln in keep))
     tmp.replace(path)
@@ -221,7 +383,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
 
     from minite.models.tokenizer import encode_prompt
 
-    check_inputs(cfg)
+    check_inputs(cfg, resume=resume)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
@@ -229,16 +391,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
     recipe = get_recipe(cfg.recipe)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
     model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
-    if len(tokenizer) > model.config.vocab_size:
-        raise ConfigError(
-            f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}"
-        )
     trainer = Trainer(model, recipe, cfg.optim, cfg.grpo, seed=cfg.seed)
 
     metrics_path = out / "metrics.jsonl"
     ckpt_path = out / "checkpoint"
     start = 0
-    if resume and (found := find_checkpoint(ckpt_path)) is not None:
+    if resume and (found := find_checkpoint(ckpt_path)) is not None:  # check_inputs: it exists
         state = load_checkpoint(found, trainer.model, trainer.optimizer)
         start = int(state["step"])
     elif not resume and metrics_path.exists():
@@ -294,6 +452,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
                 stats = trainer.update(
                     batch, adv, logp_old, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch
                 )
+                maybe_kill("step")  # test hook (minite/faultinject.py): updated, nothing logged or saved
             except NonFiniteError as err:
                 event = {"step": step, "action": cfg.on_nonfinite, **err.event}
                 _append_jsonl(out / "events.jsonl", event)

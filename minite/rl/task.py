@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from minite.configuration import ConfigError
+
 #: End-of-answer marker as it appears in decoded text when special tokens are kept.
 END_OF_ANSWER = "<eos>"
 
@@ -142,12 +144,17 @@ def save_jsonl(examples: Iterable[Example], path: str | Path) -> None:
 
 
 def load_jsonl(path: str | Path) -> list[Example]:
-    """Read a split written by `save_jsonl`; errors name the file and the 1-based line number."""
+    """Read a split written by `save_jsonl`; errors (ConfigError, a ValueError) name the file and the
+    1-based line number, and say what a line must hold."""
     path = Path(path)
+    fix = 'each line must be one JSON object {"prompt": "...", "answer": "..."}; fix or delete that line'
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read task file: {e}") from e
+        raise ConfigError(
+            f'{path}: cannot read task file ({e}); it must be UTF-8 JSONL, one {{"prompt", "answer"}} '
+            "object per line"
+        ) from e
     examples: list[Example] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -155,14 +162,14 @@ def load_jsonl(path: str | Path) -> list[Example]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON: {e.msg}") from e
+            raise ConfigError(f"{path}:{lineno}: invalid JSON ({e.msg}); {fix}") from e
         if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            raise ConfigError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}; {fix}")
         missing = [k for k in ("prompt", "answer") if k not in obj]
         if missing:
-            raise ValueError(f"{path}:{lineno}: missing field(s) {missing}")
+            raise ConfigError(f"{path}:{lineno}: missing field(s) {missing}; {fix}")
         prompt, answer = obj["prompt"], obj["answer"]
         if not isinstance(prompt, str) or not isinstance(answer, str):
-            raise ValueError(f"{path}:{lineno}: 'prompt' and 'answer' must be strings")
+            raise ConfigError(f"{path}:{lineno}: 'prompt' and 'answer' must be strings; {fix}")
         examples.append(Example(prompt=prompt, answer=answer))
     return examples
