@@ -19,10 +19,9 @@ VERBS: dict[str, tuple[str, str]] = {
     "train": ("minite.commands.train:main", "GRPO RL with a recipe (trainer + sampler engines)"),
     "resolve": ("minite.commands.resolve:main", "write one workflow run's resolved recipe + RL settings"),
     "eval": ("minite.commands.eval:main", "lm-eval on a run (or the base model) with the recipe's sampler"),
-    "diagnose": ("minite.commands.diagnose:main", "trainer/sampler gap of a run's final policy"),
-    "diagnose-report": (
-        "minite.commands.diagnose_report:main",
-        "layer trace, quantization stats, attribution by ablation: Markdown/HTML report",
+    "diagnose": (
+        "minite.commands.diagnose:main",
+        "trainer/sampler gap of a run: layer trace, quant stats, attribution, causes (Markdown/HTML report)",
     ),
     "bench": ("minite.commands.bench:main", "learner and rollout throughput of every recipe, one process"),
     "bench-kernels": (

@@ -126,6 +126,15 @@ def load_evals(files: list[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _top_cause(d: dict) -> str:
+    """The first ranked cause of a diagnosis ("weights 43%"; "none" when the gap is exactly 0)."""
+    causes = d.get("causes") or []
+    if not causes:
+        return ""
+    c = causes[0]
+    return c["cause"] if c.get("share") is None else f"{c['cause']} {100 * c['share']:.0f}%"
+
+
 def load_diagnose(files: list[str | Path]) -> pd.DataFrame:
     rows = []
     for f in map(Path, files):
@@ -143,6 +152,7 @@ def load_diagnose(files: list[str | Path]) -> pd.DataFrame:
                 "final_bitwise_equal_frac": d["mismatch"].get("bitwise_equal_frac"),
                 "routing_agreement": sum(routing) / len(routing) if routing else math.nan,
                 "first_divergent_site": tr.get("first_divergent_site") or "",
+                "top_cause": _top_cause(d),
                 "mlflow_diagnose_run": (d.get("mlflow") or {}).get("run_id", ""),
                 "file": str(f),
                 "_sites": tr.get("sites") or [],

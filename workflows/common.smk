@@ -116,7 +116,7 @@ DIAGNOSE = bool((config.get("diagnose") or {}).get("enabled", False))
 
 
 def diagnose_outputs(runs):
-    return [f"{RES}/diagnose/{r}/seed{s}.json" for r in runs for s in seeds(r)] if DIAGNOSE else []
+    return [f"{RES}/diagnose/{r}/seed{s}/diagnose.json" for r in runs for s in seeds(r)] if DIAGNOSE else []
 
 
 EVAL_BASE = bool(config["eval"].get("base_model", False))

@@ -1,5 +1,22 @@
-# Stage 4: execution diagnostics of every run's final policy: the trainer/sampler gap on held-out
-# prompts and (built-in engine) the layer-by-layer divergence trace. Off with diagnose.enabled: false.
+# Stage 4: execution diagnostics of every run's final policy (`minite diagnose`): the trainer/sampler
+# gap on held-out prompts, the layer-by-layer trace against the run's sampler engine (built-in or
+# vLLM), quantization statistics, attribution by ablation and the ranked causes, as diagnose.json and
+# a Markdown + HTML report (plus MLflow). Off with diagnose.enabled: false.
+
+
+def _diagnose_args():
+    d = config.get("diagnose") or {}
+    args = [f"--n-prompts {d.get('n_prompts', 32)}", f"--max-new-tokens {d.get('max_new_tokens', 8)}"]
+    for key, flag in (
+        ("engine", "--engine"),
+        ("samples_per_prompt", "--samples-per-prompt"),
+        ("trace_sequences", "--trace-sequences"),
+    ):
+        if d.get(key) is not None:
+            args.append(f"{flag} {d[key]}")
+    if d.get("attribution") is False:
+        args.append("--no-attribution")
+    return " ".join(args)
 
 
 rule diagnose:
@@ -9,17 +26,14 @@ rule diagnose:
         model=f"{PREP}/base_model/config.json",
         data=f"{PREP}/data/eval.jsonl",
     output:
-        f"{RES}/diagnose/{{run}}/seed{{seed}}.json",
+        json=f"{RES}/diagnose/{{run}}/seed{{seed}}/diagnose.json",
+        md=f"{RES}/diagnose/{{run}}/seed{{seed}}/report.md",
+        html=f"{RES}/diagnose/{{run}}/seed{{seed}}/report.html",
     params:
         **DIRS,
         run=lambda w: rl_dir(w.run, w.seed),
-        n=(config.get("diagnose") or {}).get("n_prompts", 32),
-        tokens=(config.get("diagnose") or {}).get("max_new_tokens", 8),
-        engine=(
-            f"--engine {(config.get('diagnose') or {})['engine']}"
-            if (config.get("diagnose") or {}).get("engine")
-            else ""
-        ),
+        out=lambda w: f"{RES}/diagnose/{w.run}/seed{w.seed}",
+        args=_diagnose_args(),
     log:
         f"{LOGS}/diagnose/{{run}}/seed{{seed}}.log",
     benchmark:
@@ -29,6 +43,5 @@ rule diagnose:
         **resources_of("diagnose"),
     shell:
         "OMP_NUM_THREADS={threads} {MINITE} diagnose --run {params.run} --model-dir {params.model}"
-        " --data-dir {params.data} --n-prompts {params.n}"
-        " --max-new-tokens {params.tokens} {params.engine} --out {output} --mlflow-experiment {EXPERIMENT}"
+        " --data-dir {params.data} {params.args} --out {params.out} --mlflow-experiment {EXPERIMENT}"
         " --mlflow-run-name diagnose/{wildcards.run}/seed{wildcards.seed} > {log} 2>&1"

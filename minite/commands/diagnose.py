@@ -1,149 +1,196 @@
-r"""`minite diagnose`: the trainer/sampler execution gap of a finished run's final policy.
+r"""`minite diagnose`: where and why the trainer and the sampler of a run diverge.
 
-    minite diagnose --run results/tiny/rl/minite/seed0 --model-dir results/tiny/prepare/base_model \
-        --data-dir results/tiny/prepare/data --out results/tiny/diagnose/minite/seed0.json
+    minite diagnose --run results/tiny/rl/te_nvfp4/seed0 --out results/tiny/diagnose/te_nvfp4/seed0
+    minite diagnose --run <MLflow run id of an RL run> --out DIR        # its out_dir must be on this machine
+    minite diagnose --model-dir M --data-dir D --recipe minite --out DIR  # the base model
 
-On held-out prompts the recipe's sampler generates completions (temperature 1, seeded); the trainer
-recomputes their log-probs with its own numerics; the DESIGN.md mismatch metrics compare the two.
-With the built-in engine the layer-by-layer divergence trace (minite.diagnostics.trace) runs both
-models on the same sequences and names the first site where they part (relative L2 per site, MoE
-routing agreement per layer).
+For the run's final policy and recipe: the token gap on held-out prompts (the recipe's sampler engine
+samples, the trainer recomputes; DESIGN.md mismatch metrics and full-vocabulary KL/JS/top-k), the
+layer-by-layer trace against the sampler engine (built-in, or the live vLLM model with `--engine
+vllm`) with the first divergent site, MoE routing agreement, quantization statistics and bit-identity
+of every quantized weight, and attribution by ablation (each alignment component switched on alone
+from the naive pair, and off from the aligned pair, on the same tokens) with the ranked causes.
+
+Writes under --out: diagnose.json (every number), report.md and report.html (with plots, also as
+PNG). With --mlflow-experiment the numbers go to MLflow as one run keyed diagnose/<run>/seed<S>
+(metrics, the per-site trace as a series, the report as artifacts) and diagnose.json records its id.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+import re
 from pathlib import Path
+from typing import Any
 
 from minite.commands.common import run_guarded
+from minite.configuration import ConfigError
+
+
+def _resolve_run(ref: str, experiment: str | None, uri: str | None) -> Path:
+    """A `minite train` output folder, or the MLflow run id of one (its `out_dir` param)."""
+    path = Path(ref)
+    if path.is_dir():
+        return path
+    if not re.fullmatch(r"[0-9a-f]{32}", ref):
+        raise FileNotFoundError(f"--run {ref}: neither a run folder nor an MLflow run id")
+    from mlflow.tracking import MlflowClient
+
+    from minite.tracking import tracking_uri
+
+    found = MlflowClient(tracking_uri=tracking_uri(experiment, uri)).get_run(ref)
+    out_dir = found.data.params.get("out_dir")
+    if not out_dir or not Path(out_dir).is_dir():
+        raise FileNotFoundError(
+            f"MLflow run {ref}: its out_dir {out_dir!r} is not a folder on this machine (the checkpoint is "
+            "not an MLflow artifact); pass the run folder instead"
+        )
+    return Path(out_dir)
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite diagnose", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--run", required=True, help="RL output folder")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--data-dir", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--run", help="a `minite train` output folder, or the MLflow run id of one")
+    p.add_argument("--model-dir", help="base model (default: the run's)")
+    p.add_argument("--data-dir", help="task data with eval.jsonl (default: the run's)")
+    p.add_argument("--recipe", help="recipe name or YAML (default: the run's)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--engine", choices=["builtin", "vllm"], help="sampler engine (default: the run's)")
     p.add_argument("--n-prompts", type=int, default=32)
+    p.add_argument("--samples-per-prompt", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--engine", choices=["builtin", "vllm"], help="default: the run's sampler engine")
+    p.add_argument("--trace-sequences", type=int, default=64, help="sampled sequences in the layer trace")
+    p.add_argument("--threshold", type=float, default=1e-2, help="relative L2 of a divergent site")
+    p.add_argument("--seed", type=int, help="sampling seed (default: the run's)")
+    p.add_argument("--no-attribution", action="store_true")
+    p.add_argument(
+        "--attribution-engine",
+        choices=["builtin", "vllm"],
+        help="engine of the attribution pairs (default: --engine; vllm: one engine per variant)",
+    )
     p.add_argument("--mlflow-experiment")
     p.add_argument("--mlflow-run-name")
+    p.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI or the profile's store)")
     args = p.parse_args(argv)
 
     def go() -> int:
-        from transformers import AutoTokenizer
+        from minite.diagnostics.report import write_report
+        from minite.diagnostics.run import DiagnoseConfig, diagnose
+        from minite.tracking import run_identity
 
-        from minite.diagnostics.metrics import mismatch_metrics
-        from minite.engines.base import SamplingParams
-        from minite.engines.trainer import TokenBatch
-        from minite.models.tokenizer import encode_prompt
-        from minite.recipes import get_recipe
-        from minite.rl.task import load_jsonl, reward
-        from minite.runs import build_sampler, load_trainer, read_run_config, run_checkpoint, sync
-        from minite.tracking import log_run, run_identity
+        rc: dict[str, Any] = {}
+        run_dir = None
+        if args.run:
+            from minite.runs import read_run_config, run_checkpoint
 
-        cfg = read_run_config(args.run)
-        recipe = get_recipe(cfg["recipe"])
-        ident = run_identity(str(cfg["recipe"]))
-        seed = int(cfg.get("seed", 0))
-        engine = args.engine or cfg.get("sampler", {}).get("engine", "builtin")
-        tok = AutoTokenizer.from_pretrained(args.model_dir)
-        compute = cfg.get("optim", {}).get("compute_dtype", "bfloat16")
-        trainer = load_trainer(
-            args.model_dir, recipe, run_checkpoint(args.run), seed=seed, compute_dtype=compute
-        )
-        policy = trainer.model
-        sampler = build_sampler(
-            engine,
-            args.model_dir,
-            recipe,
-            tok,
-            dtype=cfg.get("sampler", {}).get("dtype", "bfloat16"),
-            seed=seed,
-            max_model_len=cfg.get("sampler", {}).get("max_model_len", 256),
-            workdir=Path(args.out).parent / "sampler",
-        )
-        sync(sampler, policy, recipe)
-        examples = load_jsonl(Path(args.data_dir) / "eval.jsonl")[: args.n_prompts]
-        prompts = [encode_prompt(tok, e.prompt) for e in examples]
-        params = SamplingParams(
-            n=1,
+            run_dir = _resolve_run(args.run, args.mlflow_experiment, args.mlflow_uri)
+            rc = read_run_config(run_dir)
+        model_dir = args.model_dir or rc.get("model_dir")
+        data_dir = args.data_dir or rc.get("data_dir")
+        recipe = args.recipe or rc.get("recipe")
+        if not (model_dir and data_dir and recipe):
+            raise ConfigError("give --run RUN, or --model-dir, --data-dir and --recipe")
+        sampler_cfg = rc.get("sampler") or {}
+        seed = args.seed if args.seed is not None else int(rc.get("seed", 0))
+        cfg = DiagnoseConfig(
+            model_dir=str(model_dir),
+            data_dir=str(data_dir),
+            out_dir=args.out,
+            recipe=str(recipe),
+            checkpoint=str(run_checkpoint(run_dir)) if run_dir else None,
+            engine=args.engine or sampler_cfg.get("engine", "builtin"),
+            n_prompts=args.n_prompts,
+            samples_per_prompt=args.samples_per_prompt,
             max_new_tokens=args.max_new_tokens,
-            temperature=1.0,
             seed=seed,
-            stop_token_ids=(tok.eos_token_id,),
+            compute_dtype=(rc.get("optim") or {}).get("compute_dtype", "bfloat16"),
+            sampler_dtype=sampler_cfg.get("dtype", "bfloat16"),
+            max_model_len=sampler_cfg.get("max_model_len", 256),
+            threshold=args.threshold,
+            trace_sequences=args.trace_sequences,
+            attribution=not args.no_attribution,
+            attribution_engine=args.attribution_engine,
         )
-        groups = sampler.generate(prompts, params)
-        comps = [g[0] for g in groups]
-        batch = TokenBatch.from_completions(comps, tok.pad_token_id)
-        lp_t = trainer.recompute_logprobs(batch)
-        gap = mismatch_metrics(lp_t, batch.sampler_logp, batch.mask)
-        acc = sum(reward(tok.decode(c.token_ids), e.answer) for c, e in zip(comps, examples, strict=True))
-        report = {
-            **ident,
-            "seed": seed,
-            "engine": engine,
-            "n_prompts": len(prompts),
-            "sampled_reward_mean": acc / max(1, len(prompts)),
-            "mismatch": gap,
-        }
-        if engine == "builtin":
-            try:
-                from minite.diagnostics.trace import trace
-
-                seqs = batch.input_ids
-                rep = trace(
-                    policy,
-                    sampler.model,
-                    seqs,
-                    batch.attention_mask,
-                    dtype_a=trainer.dtype,
-                    dtype_b=sampler.dtype,
-                )
-                report["trace"] = rep.as_dict()
-            except Exception as e:  # noqa: BLE001 - the trace is optional; say why it is missing
-                report["trace"] = {"error": f"{type(e).__name__}: {e}"}
-                print(f"minite diagnose: layer trace skipped: {e}", file=sys.stderr)
-        sampler.close()
+        d = diagnose(cfg)
+        d.update(run_identity(str(recipe)), seed=seed, run_dir=str(run_dir) if run_dir else None)
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        md, html = write_report(d, out)
+        path = out / "diagnose.json"
+        path.write_text(json.dumps(d, indent=2, default=float) + "\n")
         if args.mlflow_experiment:
-            metrics = {f"diagnose/{k}": v for k, v in gap.items()}
-            metrics["diagnose/sampled_reward_mean"] = report["sampled_reward_mean"]
-            for i, r in enumerate((report.get("trace") or {}).get("routing") or []):
-                if "agreement" in r:
-                    metrics[f"diagnose/routing_agreement_layer{i}"] = r["agreement"]
-            report["mlflow"] = log_run(
-                experiment=args.mlflow_experiment,
-                stage="diagnose",
-                run=ident["run"],
-                seed=seed,
-                recipe=ident["recipe"],
-                ablation=None if ident["ablation"] == "none" else ident["ablation"],
-                config={
-                    "diagnose": {
-                        "n_prompts": args.n_prompts,
-                        "max_new_tokens": args.max_new_tokens,
-                        "engine": engine,
-                    },
-                    "run_config": cfg,
-                },
-                metrics=metrics,
-                artifacts=[out],
-                run_name=args.mlflow_run_name,
-            )
-            out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-        first = report.get("trace", {}).get("first_divergent_site")
+            d["mlflow"] = _log(d, out, args, seed)
+            path.write_text(json.dumps(d, indent=2, default=float) + "\n")
+        g, t = d["mismatch"], d["trace"]
+        top = [c["cause"] + ("" if c["share"] is None else f" {c['share']:.0%}") for c in d["causes"][:3]]
         print(
-            f"minite diagnose: {ident['run']} seed {seed}: mean |Δlogp| {gap['logp_abs_diff_mean']:.3e}, "
-            f"kl_k3 {gap['kl_k3']:.3e}, first divergent site {first}"
+            f"minite diagnose: {d['run']} seed {seed} ({cfg.engine}): mean |Δlogp| "
+            f"{g['logp_abs_diff_mean']:.3e}, kl_k3 {g['kl_k3']:.3e}, first divergent site "
+            f"{t['first_divergent_site']} (first nonzero {t['first_nonzero_site']}); top causes: "
+            f"{', '.join(top) or '-'}; report {md}, {html}"
         )
         return 0
 
     return run_guarded(go)
+
+
+def metrics_of(d: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, float, int]]]:
+    """MLflow metrics (step 0) and series (per site / layer) of a diagnosis. The token-gap names are
+    `diagnose/<metric>` (as the RL runs log `mismatch/<metric>`)."""
+    metrics = {f"diagnose/{k}": v for k, v in d["mismatch"].items()}
+    metrics["diagnose/sampled_reward_mean"] = d["sampled_reward_mean"]
+    metrics.update({f"vocab/{k}": v for k, v in d["full_vocab"].items()})
+    w = d["weights"]["summary"]
+    metrics.update({f"weights/{k}": v for k, v in w.items() if isinstance(v, int | float)})
+    t = d["trace"]
+    for i, r in enumerate(t["routing"]):
+        metrics[f"diagnose/routing_agreement_layer{i}"] = r["agreement"]
+    sites = [s for s in t["sites"] if s["kind"] == "output"]
+    series = [("trace/rel_l2", s["rel_l2"], i) for i, s in enumerate(sites)]
+    series += [("routing/agreement", r["agreement"], i) for i, r in enumerate(t["routing"])]
+    a = d.get("attribution")
+    if a:
+        metrics.update({"attribution/naive": a["naive"], "attribution/aligned": a["aligned"]})
+        for c in a["components"]:
+            metrics[f"attribution/{c['component']}_closed_alone_frac"] = c["closed_alone_frac"]
+            metrics[f"attribution/{c['component']}_reopened_frac"] = c["reopened_when_removed_frac"]
+        if a.get("run"):
+            metrics["attribution/run_gap"] = a["run"]["gap"]
+    for i, c in enumerate(d["causes"]):
+        if c["share"] is not None:
+            metrics[f"cause/{i + 1}_{c['cause']}"] = c["share"]
+    return metrics, series
+
+
+def _log(d: dict[str, Any], out: Path, args: argparse.Namespace, seed: int) -> dict[str, str]:
+    """One MLflow run per diagnosis; the causes and sites as params, report files as artifacts."""
+    from minite.tracking import log_run, write_run_ref
+
+    metrics, series = metrics_of(d)
+    t = d["trace"]
+    params = {
+        "first_divergent_site": t["first_divergent_site"],
+        "first_nonzero_site": t["first_nonzero_site"],
+        "largest_jump_site": t["largest_jump_site"],
+        "causes": ", ".join(c["cause"] for c in d["causes"]),
+        "checkpoint": d["checkpoint"],
+    }
+    ref = log_run(
+        experiment=args.mlflow_experiment,
+        stage="diagnose",
+        run=d["run"],
+        seed=seed,
+        recipe=d["recipe"],
+        ablation=None if d.get("ablation", "none") == "none" else d["ablation"],
+        params=params,
+        config={"diagnose": d["config"]},
+        metrics=metrics,
+        series=series,
+        artifacts=[p for p in sorted(out.iterdir()) if p.suffix in (".json", ".md", ".html", ".png")],
+        run_name=args.mlflow_run_name,
+        uri=args.mlflow_uri,
+    )
+    write_run_ref(out / "mlflow_run.json", ref)
+    return ref

@@ -62,32 +62,53 @@ def _module_weights(mod: nn.Module) -> list[tuple[str, torch.Tensor, NVFP4Tensor
     return out
 
 
+def quantized_weights(model: nn.Module) -> dict[str, NVFP4Tensor | None]:
+    """name (+ ".<expert>.gate_up" / ".<expert>.down" for experts) -> the NVFP4 weight a minite.nn
+    model's forward uses, for every quantized module."""
+    out: dict[str, NVFP4Tensor | None] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, QuantLinear | QuantExperts):
+            out.update({name + sfx: q for sfx, _, q in _module_weights(mod)})
+    return out
+
+
 def weight_stats(
-    trainer_model: nn.Module, sampler_model: nn.Module, master_model: nn.Module | None = None
+    trainer_model: nn.Module,
+    sampler_model: nn.Module | None = None,
+    master_model: nn.Module | None = None,
+    *,
+    sampler_weights: dict[str, NVFP4Tensor | None] | None = None,
 ) -> list[dict]:
     """Per quantized weight: stats of each engine's NVFP4 weight vs the master, and bit-identity.
 
-    `master_model` holds the high-precision weights (defaults to the trainer model)."""
+    The sampler side is `sampler_model` (a minite.nn model) or `sampler_weights` (the same mapping as
+    `quantized_weights`, e.g. read from a vLLM engine). `master_model` holds the high-precision weights
+    (defaults to the trainer model)."""
     master_model = master_model or trainer_model
     masters = dict(master_model.named_modules())
-    t_mods = {n: m for n, m in trainer_model.named_modules() if isinstance(m, QuantLinear | QuantExperts)}
-    s_mods = {n: m for n, m in sampler_model.named_modules() if isinstance(m, QuantLinear | QuantExperts)}
+    t = quantized_weights(trainer_model)
+    s = sampler_weights if sampler_weights is not None else quantized_weights(sampler_model)
     rows = []
-    for name in sorted(set(t_mods) | set(s_mods), key=_natural):
-        ref_mod = masters[name]
-        ref = {sfx: w for sfx, w, _ in _master_weights(ref_mod)}
-        t = {sfx: q for sfx, _, q in _module_weights(t_mods[name])} if name in t_mods else {}
-        s = {sfx: q for sfx, _, q in _module_weights(s_mods[name])} if name in s_mods else {}
-        for sfx, w in ref.items():
-            tq, sq = t.get(sfx), s.get(sfx)
-            row = {"name": name + sfx, "trainer": None, "sampler": None, "bit_identical": False}
-            if tq is not None:
-                row["trainer"] = operand_stats(w, tq)
-            if sq is not None:
-                row["sampler"] = operand_stats(w, sq)
-            row["bit_identical"] = bool(tq is not None and sq is not None and _same(tq, sq))
-            rows.append(row)
+    for key in sorted(set(t) | set(s), key=_natural):
+        name, sfx = _split(key, masters)
+        w = dict((x, m) for x, m, _ in _master_weights(masters[name]))[sfx]
+        tq, sq = t.get(key), s.get(key)
+        row = {"name": key, "trainer": None, "sampler": None, "bit_identical": False}
+        if tq is not None:
+            row["trainer"] = operand_stats(w, tq)
+        if sq is not None:
+            row["sampler"] = operand_stats(w, sq)
+        row["bit_identical"] = bool(tq is not None and sq is not None and _same(tq, sq))
+        rows.append(row)
     return rows
+
+
+def _split(key: str, modules: dict[str, nn.Module]) -> tuple[str, str]:
+    """ "model.layers.0.mlp.experts.3.down" -> ("model.layers.0.mlp.experts", ".3.down")."""
+    if key in modules:
+        return key, ""
+    head, e, part = key.rsplit(".", 2)
+    return head, f".{e}.{part}"
 
 
 def _master_weights(mod: nn.Module) -> list[tuple[str, torch.Tensor, None]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ def _plots(d: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=8)
     ax.axhline(d["trace"]["threshold"], color="gray", ls=":", lw=1, label="threshold")
     ax.set_xlabel("site (execution order)")
-    ax.set_ylabel("relative L2 error, trainer vs sampler")
-    ax.set_title(f"Layer trace — recipe {d['recipe']}")
+    ax.set_ylabel("relative L2, trainer vs sampler\n(exactly 0 drawn at 1e-9)")
+    ax.set_title(f"Layer trace — recipe {d['recipe']}, trainer vs {d['engine']} sampler")
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "trace.png")
@@ -67,7 +68,10 @@ def _plots(d: dict[str, Any], out: Path) -> list[Path]:
             label="reopened when removed from aligned",
         )
         ax.set_xlabel("% of the naive→aligned gap")
-        ax.set_title(f"Attribution (mean |Δlogp|: naive {attr['naive']:.3g}, aligned {attr['aligned']:.3g})")
+        ax.set_title(
+            f"Attribution vs {attr['base']} (mean |Δlogp|: naive {attr['naive']:.3g}, "
+            f"aligned {attr['aligned']:.3g})"
+        )
         ax.invert_yaxis()
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -83,13 +87,39 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:.0f}%"
+
+
 def markdown(d: dict[str, Any], images: list[str]) -> str:
-    g, v, t, w = d["token_gap"], d["full_vocab"], d["trace"], d["weights"]["summary"]
+    g, v, t, w = d["mismatch"], d["full_vocab"], d["trace"], d["weights"]["summary"]
+    t = {
+        **t,
+        "first_divergent_site": t["first_divergent_site"] or "none (no site above the threshold)",
+        "first_nonzero_site": t["first_nonzero_site"] or "none (every site bit-identical)",
+        "largest_jump_site": t["largest_jump_site"] or "none",
+    }
+    who = d.get("run") or d["recipe"]
     lines = [
-        f"# Execution diagnosis — recipe `{d['recipe']}`",
+        f"# Execution diagnosis — `{who}` (recipe `{d['recipe']}`)",
         "",
-        f"Policy: `{d['checkpoint'] or 'base model'}`; {d['n_sequences']} sampled sequences, {d['n_tokens']} "
-        "completion tokens, trainer recompute vs built-in sampler.",
+        f"Policy: `{d['checkpoint'] or 'base model'}`; sampler engine: **{d['engine']}**; "
+        f"{d['n_sequences']} sampled sequences, {d['n_tokens']} completion tokens; trainer recompute vs "
+        "the sampler's log-probs.",
+        "",
+        "## Summary",
+        "",
+        f"- Token gap: mean |Δlogp| **{_fmt(g['logp_abs_diff_mean'])}**, bit-identical tokens "
+        f"{_fmt(g['bitwise_equal_frac'])}.",
+        f"- First divergent site (relative L2 > {t['threshold']}): **{t['first_divergent_site']}**; "
+        f"first site that differs at all: **{t['first_nonzero_site']}**; largest jump: "
+        f"**{t['largest_jump_site']}**.",
+    ]
+    causes = [c for c in d.get("causes", []) if c["share"] is not None]
+    if causes:
+        top = ", ".join(f"{c['cause']} ({_pct(c['share'])})" for c in causes[:3])
+        lines.append(f"- Top causes ({causes[0]['measure']}): {top}.")
+    lines += [
         "",
         "## Token gap (sampled tokens)",
         "",
@@ -109,12 +139,23 @@ def markdown(d: dict[str, Any], images: list[str]) -> str:
                 "bitwise_equal_frac",
             )
         ],
-        *[f"| vocab {k} | {_fmt(val)} |" for k, val in v.items()],
+        *[f"| vocab {k} | {_fmt(val)} |" for k, val in v.items() if k != "n_sequences"],
         "",
         "## Where the engines diverge",
         "",
-        f"First divergent site (relative L2 > {t['threshold']}): **{t['first_divergent_site']}**; "
-        f"largest jump: **{t['largest_jump_site']}**.",
+        f"Layer trace on {t.get('n_sequences', '?')} sequences (prefill), trainer vs the "
+        f"{t.get('engine', '')} engine: first divergent site (relative L2 > {t['threshold']}) "
+        f"**{t['first_divergent_site']}**, "
+        f"first site that differs at all **{t['first_nonzero_site']}**, largest jump "
+        f"**{t['largest_jump_site']}**.",
+        "",
+        "| site | relative L2 |",
+        "|---|---|",
+        *[
+            f"| {s['name']} | {_fmt(s['rel_l2'])} |"
+            for s in t["sites"]
+            if s["kind"] == "output" and (s["name"].count(".") <= 2 or s["name"] == t["first_divergent_site"])
+        ],
         "",
         "| layer | routing agreement | rank flips | disagreements | near-tie share |",
         "|---|---|---|---|---|",
@@ -131,16 +172,43 @@ def markdown(d: dict[str, Any], images: list[str]) -> str:
         f"{_fmt(w['bit_identical_frac'])}; quantized in one engine only: "
         f"{w['quantized_in_one_engine_only']}.",
         "",
-        "## Ranked causes",
-        "",
     ]
-    for i, c in enumerate(d["causes"], 1):
-        lines.append(f"{i}. **{c['cause']}** — {c['evidence']}")
-    if not d["causes"]:
-        lines.append(
-            "No quantization-side cause measured (unquantized recipe): the remaining gap is the engines' "
-            "own non-GEMM arithmetic (see the trace)."
-        )
+    a = d.get("attribution")
+    if a:
+        lines += [
+            "## Attribution by ablation",
+            "",
+            f"Naive pair `{a['base']}` vs every component aligned, {a['n_tokens']} completion tokens "
+            f"(the sampled ones), {a['engine']} engine pair, teacher-forced: mean |Δlogp| naive "
+            f"**{_fmt(a['naive'])}**, aligned **{_fmt(a['aligned'])}**. "
+            "Shares are of the naive - aligned span.",
+            "",
+            "| component | what it aligns | closes alone from naive | gap with only it | "
+            "reopens when removed from aligned | gap without it |",
+            "|---|---|---|---|---|---|",
+            *[
+                f"| {c['component']} | {c['label']} | {_pct(c['closed_alone_frac'])} | "
+                f"{_fmt(c['gap_with_only_this'])} | {_pct(c['reopened_when_removed_frac'])} | "
+                f"{_fmt(c['gap_without_this'])} |"
+                for c in a["components"]
+            ],
+            "",
+        ]
+        run = a.get("run")
+        if run and not run["is_naive_base"]:
+            lines.append(
+                f"This run's recipe `{run['recipe']}` on the same tokens: mean |Δlogp| {_fmt(run['gap'])}; "
+                f"already aligned: {', '.join(run['already_on']) or 'nothing'}."
+            )
+            lines.append("")
+    lines += ["## Ranked causes", ""]
+    for i, c in enumerate(d.get("causes", []), 1):
+        share = f" — {_pct(c['share'])} ({c['measure']})" if c["share"] is not None else ""
+        lines.append(f"{i}. **{c['cause']}** ({c['label']}){share}: {c['evidence']}")
+    if not d.get("causes"):
+        lines.append("No attribution measured (run with attribution on).")
+    lines += ["", "## Evidence from the trace and the weights", ""]
+    lines += [f"- {e}" for e in d.get("evidence", [])]
     lines += ["", *[f"![{Path(p).stem}]({p})" for p in images], ""]
     return "\n".join(lines)
 
@@ -152,26 +220,69 @@ def write_report(d: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     md = markdown(d, [p.name for p in pngs])
     md_path = out / "report.md"
     md_path.write_text(md)
-    body = []
+    html_path = out / "report.html"
+    html_path.write_text(to_html(md, out))
+    return md_path, html_path
+
+
+def _inline(text: str) -> str:
+    """Markdown inline markup of these reports (**bold**, `code`) as HTML, everything else escaped."""
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def to_html(md: str, out: Path) -> str:
+    """The report's Markdown as one self-contained HTML page (plots embedded as data URIs)."""
+    body: list[str] = []
+    block = None  # the open list/table element
+
+    def close():
+        nonlocal block
+        if block:
+            body.append(f"</{block}>")
+        block = None
+
+    def open_(tag: str, attrs: str = ""):
+        nonlocal block
+        if block != tag:
+            close()
+            body.append(f"<{tag}{attrs}>")
+            block = tag
+
     for line in md.splitlines():
         if line.startswith("![") and "](" in line:
+            close()
             name = line.split("](", 1)[1].rstrip(")")
             data = base64.b64encode((out / name).read_bytes()).decode()
-            body.append(f'<img src="data:image/png;base64,{data}" style="max-width:100%">')
+            body.append(
+                f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}" style="max-width:100%">'
+            )
         elif line.startswith("#"):
+            close()
             level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
+            body.append(f"<h{level}>{_inline(line.lstrip('# '))}</h{level}>")
         elif line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if set("".join(cells)) <= {"-"}:
                 continue
-            body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+            header = block != "table"
+            open_("table", ' border="1" cellpadding="3" style="border-collapse:collapse"')
+            tag = "th" if header else "td"
+            body.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+        elif line.startswith("- "):
+            open_("ul")
+            body.append(f"<li>{_inline(line[2:])}</li>")
+        elif re.match(r"\d+\. ", line):
+            open_("ol")
+            body.append(f"<li>{_inline(line.split('. ', 1)[1])}</li>")
+        elif line.strip():
+            close()
+            body.append(f"<p>{_inline(line)}</p>")
         else:
-            body.append(f"<p>{html.escape(line)}</p>" if line else "")
-    html_text = "\n".join(body).replace("</p>\n<tr>", "</p>\n<table border=1 cellpadding=3><tr>")
-    html_text = html_text.replace("</tr>\n\n", "</tr></table>\n")
-    html_path = out / "report.html"
-    html_path.write_text(
-        f"<!doctype html><meta charset=utf-8><title>miniTE diagnosis</title><body>{html_text}</body>"
+            close()
+    close()
+    return (
+        "<!doctype html><html><head><meta charset=utf-8><title>miniTE diagnosis</title></head>"
+        '<body style="font-family:sans-serif;max-width:1100px">\n' + "\n".join(body) + "\n</body></html>\n"
     )
-    return md_path, html_path

@@ -6,7 +6,8 @@ layer's norms, q/k/v projections, attention output, router logits, expert output
 layer output, then the final norm and the logits — plus the input of every quantized GEMM. For each
 site we report the relative L2 error ‖a − b‖ / ‖a‖ over the valid (non-pad) tokens, and name
 
-- the *first divergent site*: the first site, in execution order, whose error exceeds `threshold`;
+- the *first divergent site*: the first site, in execution order, whose error exceeds `threshold`
+  (and the first site whose error is not exactly 0);
 - the *largest jump*: the site whose error grows most relative to the largest error before it.
 """
 
@@ -59,10 +60,12 @@ class TraceReport:
     largest_jump: str | None
     threshold: float
     routing: list[dict[str, float]] = field(default_factory=list)
+    first_nonzero: str | None = None  # the first site where the engines differ at all
 
     def as_dict(self) -> dict:
         return {
             "first_divergent_site": self.first_divergent,
+            "first_nonzero_site": self.first_nonzero,
             "largest_jump_site": self.largest_jump,
             "threshold": self.threshold,
             "sites": [s.__dict__ for s in self.sites],
@@ -152,6 +155,22 @@ def trace(
 ) -> TraceReport:
     """Run both models on the same (right-padded) sequences and compare every site. Each model runs on
     `dtype_*` copies of its parameters, as its engine does (minite.engines.trainer.forward)."""
+    return trace_with_captures(
+        model_a, model_b, input_ids, attention_mask, dtype_a=dtype_a, dtype_b=dtype_b, threshold=threshold
+    )[0]
+
+
+def trace_with_captures(
+    model_a: nn.Module,
+    model_b: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    dtype_a: torch.dtype = torch.bfloat16,
+    dtype_b: torch.dtype = torch.bfloat16,
+    threshold: float = 1e-2,
+) -> tuple[TraceReport, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`trace`, plus both sides' token-aligned captures ((N valid tokens, features) per site)."""
     names = site_names(model_a)
     with capture(model_a, names) as sa:
         _forward(model_a, input_ids, attention_mask, dtype_a)
@@ -160,14 +179,32 @@ def trace(
         _forward(model_b, input_ids, attention_mask, dtype_b)
         rb = [(r.last_topk, r.last_probs) for r in routers(model_b)]
     mask = attention_mask.bool()
+    ta = {k: _tokens(v, mask) for k, v in sa.items()}
+    tb = {k: _tokens(v, mask) for k, v in sb.items()}
+    valid = mask.reshape(-1)
+    routing = [
+        routing_stats(ka[valid], pa[valid], kb[valid]) for (ka, pa), (kb, _pb) in zip(ra, rb, strict=True)
+    ]
+    return compare_sites(names, ta, tb, threshold, routing), ta, tb
+
+
+def compare_sites(
+    names: list[str],
+    ta: dict[str, torch.Tensor],
+    tb: dict[str, torch.Tensor],
+    threshold: float = 1e-2,
+    routing: list[dict[str, float]] | None = None,
+) -> TraceReport:
+    """Relative L2 of every site captured by both engines, token-aligned ((N, features) each, the same N
+    tokens in the same order), in execution order; GEMM inputs (`<site>:input`) right before their
+    projection's output."""
     sites: list[SiteError] = []
     for n in names:
-        if n in sa and n in sb:
-            sites.append(SiteError(n, rel_l2(_tokens(sa[n], mask), _tokens(sb[n], mask))))
-        if f"{n}:input" in sa and f"{n}:input" in sb:
-            key = f"{n}:input"
-            sites.append(SiteError(key, rel_l2(_tokens(sa[key], mask), _tokens(sb[key], mask)), "gemm_input"))
-    # GEMM inputs sit right before their projection's output in execution order
+        if n in ta and n in tb:
+            sites.append(SiteError(n, rel_l2(ta[n], tb[n])))
+        key = f"{n}:input"
+        if key in ta and key in tb:
+            sites.append(SiteError(key, rel_l2(ta[key], tb[key]), "gemm_input"))
     first = next((s.name for s in sites if s.rel_l2 > threshold), None)
     # the jump is measured against the largest error so far, floored so that rounding-level noise
     # (e.g. a bf16 cast of the embeddings, ~1e-3) cannot make a tiny absolute change the "jump"
@@ -177,20 +214,23 @@ def trace(
         if ratio > best_ratio:
             best, best_ratio = s.name, ratio
         running = max(running, s.rel_l2)
-    routing = [routing_stats(ta, pa, tb, mask) for (ta, pa), (tb, _pb) in zip(ra, rb, strict=True)]
-    return TraceReport(sites, first, best, threshold, routing)
+    nonzero = next((s.name for s in sites if s.rel_l2 > 0), None)
+    return TraceReport(sites, first, best, threshold, routing or [], nonzero)
 
 
 def routing_stats(
-    topk_a: torch.Tensor, probs_a: torch.Tensor, topk_b: torch.Tensor, mask: torch.Tensor
+    topk_a: torch.Tensor, probs_a: torch.Tensor, topk_b: torch.Tensor, mask: torch.Tensor | None = None
 ) -> dict[str, float]:
-    """Per-layer routing agreement between engines on valid tokens.
+    """Per-layer routing agreement between engines on the same tokens ((N, k) expert ids each; `mask`
+    selects valid tokens of a flattened padded batch, None: all N are valid).
 
     agreement: same top-k *set*; rank_flips: same set in a different order; near_tie_frac: fraction of
     disagreeing tokens whose k-th vs (k+1)-th router probability margin (engine a) is below 1e-2.
     """
-    valid = mask.reshape(-1)
-    ta, tb, pa = topk_a[valid], topk_b[valid], probs_a[valid]
+    if mask is not None:
+        valid = mask.reshape(-1)
+        topk_a, probs_a, topk_b = topk_a[valid], probs_a[valid], topk_b[valid]
+    ta, tb, pa = topk_a, topk_b, probs_a
     same_set = (ta.sort(-1).values == tb.sort(-1).values).all(-1)
     same_order = (ta == tb).all(-1)
     k = ta.shape[-1]

@@ -151,8 +151,9 @@ def test_workflow_end_to_end(tmp_path):
             ev = json.loads((res_dir / "eval" / run / f"seed{s}.json").read_text())
             assert 0.0 <= ev["tasks"]["tiny_arith"]["exact_match"] <= 1.0
             assert ev["n_samples"]["tiny_arith"] == cfg["eval"]["limit"] and ev["run"] == run
-            diag = json.loads((res_dir / "diagnose" / run / f"seed{s}.json").read_text())
-            assert "logp_abs_diff_mean" in diag["mismatch"]
+            diag = json.loads((res_dir / "diagnose" / run / f"seed{s}" / "diagnose.json").read_text())
+            assert "logp_abs_diff_mean" in diag["mismatch"] and diag["trace"]["sites"]
+            assert (res_dir / "diagnose" / run / f"seed{s}" / "report.html").stat().st_size > 1000
             assert (work / "logs" / PROFILE / "rl" / run / f"seed{s}.log").is_file()
             assert (res_dir / "benchmarks" / "rl" / run / f"seed{s}.tsv").is_file()
     tp = json.loads((res_dir / "throughput" / "throughput.json").read_text())

@@ -40,6 +40,12 @@ Choices, and why:
   (prefill, chunked prefill, decode) is computed by minite.nn.attention `attention_fp64` against its
   request's cached keys, the core the trainer runs on whole sequences. CPU attention backend only; no
   sliding window, ALiBi, soft-cap, sinks or quantized KV cache.
+- Under torchrun (`minite train-dist`) the engine joins the learner's process group through vLLM's
+  `distributed_executor_backend="external_launcher"` (every rank builds an engine; ranks r·tp..r·tp+tp-1
+  form one tensor-parallel engine; the engines are independent replicas otherwise).
+  `generate(..., first_index=i)` seeds a slice of a batch as the whole batch would be seeded, so
+  replicas that each sample a slice draw exactly what one engine draws for the whole batch. `close()`
+  then releases vLLM's groups but leaves the learner's default process group alone.
 - Eager mode (`enforce_eager=True`) by default: the minite plugin's pure-torch NVFP4 path has
   data-dependent Python control flow, and on CPU compilation costs more start time than it saves.
 """
@@ -349,6 +355,7 @@ class VLLMSampler:
         self.eos_ids = _eos_ids(self.model_dir, cfg)
         self._modules = self._checkpoint_modules()
         self.version = 0
+        self.external_launcher = engine_kwargs.get("distributed_executor_backend") == "external_launcher"
 
         spec = self.recipe.sampler
         if not enforce_eager and (spec.rope != "native" or spec.attention != "native"):
@@ -412,13 +419,17 @@ class VLLMSampler:
             detokenize=False,
         )
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, first_index: int = 0
+    ) -> list[list[Completion]]:
+        """`first_index`: the index of `prompts[0]` in the whole batch (seeds depend on it), for an
+        engine that samples one slice of a batch (data-parallel replicas under train-dist)."""
         from vllm.inputs import TokensPrompt
 
         if not prompts:
             return []
         reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        sps = [self._request_params(params, i) for i in range(len(prompts))]
+        sps = [self._request_params(params, first_index + i) for i in range(len(prompts))]
         outs = self.llm.generate(reqs, sps, use_tqdm=False)
         result = []
         for prompt, out in zip(prompts, outs, strict=True):
@@ -453,6 +464,39 @@ class VLLMSampler:
             [float(lp[t].logprob) for t, lp in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
             for seq, out in zip(sequences, outs, strict=True)
         ]
+
+    def prefill(self, sequences: list[list[int]]) -> None:
+        """Run every sequence through the model once, as a prompt, for forward hooks registered on
+        `self.model` (minite.diagnostics.vllm_trace): in groups that fit one scheduler step (so no
+        sequence is split by chunked prefill), the prefix cache reset before each group and no two
+        sequences of a group sharing a first KV block (so every token of every sequence is computed),
+        one token generated per sequence (no decode step)."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        cfg = self.llm.llm_engine.vllm_config
+        budget = cfg.scheduler_config.max_num_batched_tokens
+        max_seqs = cfg.scheduler_config.max_num_seqs
+        block = cfg.cache_config.block_size
+        groups: list[list[list[int]]] = [[]]
+        used, heads = 0, set()
+        for s in sequences:
+            if len(s) > budget:
+                raise ValueError(f"prefill: a {len(s)}-token sequence exceeds one step ({budget} tokens)")
+            head = tuple(s[:block]) if len(s) >= block else None
+            if groups[-1] and (used + len(s) > budget or len(groups[-1]) >= max_seqs or head in heads):
+                groups.append([])
+                used, heads = 0, set()
+            groups[-1].append([int(t) for t in s])
+            used += len(s)
+            if head is not None:
+                heads.add(head)
+        sp = VllmSamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        for group in groups:
+            if group:
+                self.llm.reset_prefix_cache()
+                self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in group], sp, use_tqdm=False)
+        self.llm.reset_prefix_cache()
 
     def check_update(self, update: WeightUpdate) -> None:
         """Raise ValueError unless `update` names known modules with complete tensor sets (see module
@@ -521,10 +565,19 @@ class VLLMSampler:
             llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+        from vllm.distributed import parallel_state
         from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
         destroy_model_parallel()
-        destroy_distributed_environment()
+        if self.external_launcher:
+            # vLLM's world group is a group of its own over the learner's ranks: drop it, but keep the
+            # default process group (destroy_distributed_environment would destroy it under the learner)
+            if parallel_state._WORLD is not None:
+                parallel_state._WORLD.destroy()
+            parallel_state._WORLD = None
+            parallel_state._NODE_COUNT = None
+        else:
+            destroy_distributed_environment()
 
     def __enter__(self) -> VLLMSampler:
         return self
