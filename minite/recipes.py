@@ -8,9 +8,11 @@ The three recipes of the paper (DESIGN.md, "The three recipes"):
 - `bf16`: both engines in bf16.
 - `te_nvfp4` (naive): the trainer runs Transformer Engine's NVFP4BlockScaling defaults (W 16x16, X 1x16,
   per-tensor amax; gradients 1x16 with stochastic rounding; RHT on the wgrad inputs) and keeps the last
-  block in bf16. The sampler runs what a user would deploy: an NVFP4 checkpoint re-exported from the
-  bf16 master weights (W 1x16, requantized), activations quantized with the sampler's own per-tensor
-  scale in vLLM's arithmetic, every block quantized (its own layer set).
+  block in bf16. On a GPU its GEMMs run the unfused emulation (`gemm: emulated`): Hopper has no FP4
+  GEMM, so that is what a TE-style trainer executes there. The sampler runs what a user would deploy:
+  an NVFP4 checkpoint re-exported from the bf16 master weights (W 1x16, requantized), activations
+  quantized with the sampler's own per-tensor scale in vLLM's arithmetic, every block quantized (its
+  own layer set).
 - `minite` (aligned): one forward `QuantSpec` per operand shared by both engines; the sampler receives
   the trainer's exact quantized weights (packed bytes, block scales, global scale), quantizes
   activations with per-row scales (batch-invariant, so a token's numerics do not depend on what else
@@ -36,6 +38,7 @@ from minite.numerics.nvfp4 import QuantSpec
 WeightSource = Literal["master", "reexport", "trainer"]
 RopeArithmetic = Literal["native", "fp32"]
 AttentionCore = Literal["native", "fp64"]
+GemmPath = Literal["fused", "emulated"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,15 @@ class NumericsSpec:
     # core computed in float64 and rounded once, so prefill/decode/batching cannot change its result.
     rope: RopeArithmetic = "native"
     attention: AttentionCore = "native"
+    # How the GEMMs execute on CUDA (on CPU every path runs the pure-torch reference, bit for bit, so
+    # this setting changes nothing there). "fused": miniTE's Triton kernels (fused quantize, W4A4 GEMM,
+    # grouped MoE GEMMs; unquantized experts run transformers' grouped_mm). "emulated": what a
+    # Transformer Engine user runs on Hopper, which has no FP4 GEMM: the torch reference quantizers,
+    # operands dequantized to bf16 (exact e2m1·e4m3 values; the global scales go in an fp32 epilogue,
+    # as in the reference), a cuBLAS bf16 GEMM with fp32 accumulation, and a per-expert loop for MoE
+    # (transformers' eager loop for unquantized experts). Both equal the reference GEMM up to fp32
+    # summation order.
+    gemm: GemmPath = "fused"
     # Sampler only: where its quantized weights come from.
     weight_source: WeightSource = "master"
 
@@ -132,6 +144,7 @@ TE_NVFP4 = Recipe(
         wgrad_grad=replace(_TE_G, rht=True),
         wgrad_act=replace(_TE_X, rht=True),
         bf16_last_blocks=1,
+        gemm="emulated",  # TE has no NVFP4 GEMM on Hopper: the unfused emulation a user would run
     ),
     sampler=NumericsSpec(
         quantized=True,

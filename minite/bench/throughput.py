@@ -71,6 +71,68 @@ def device_info() -> dict[str, Any]:
     }
 
 
+def environment(argv: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
+    """Versions, date, git commit (MINITE_GIT_COMMIT wins, for copies without .git) and the command."""
+    import datetime as _dt
+
+    import transformers
+
+    from minite.tracking import git_commit
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    argv = sys.argv if argv is None else argv
+    cmd = argv[1:] if argv and argv[0].endswith(("cli.py", "minite", "__main__.py")) else argv
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": os.environ.get("MINITE_GIT_COMMIT") or git_commit(),
+        "command": command or " ".join(["minite", *cmd]),
+    }
+
+
+def bench_device() -> torch.device:
+    """The GPU when there is one (MINITE_BENCH_DEVICE overrides), else the CPU."""
+    name = os.environ.get("MINITE_BENCH_DEVICE")
+    if name:
+        return torch.device(name)
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+
+
+class Clock:
+    """Marks on the device's timeline: CUDA events on a GPU (stream order, asynchronous), the host clock
+    on the CPU. `elapsed_ms(a, b)` after `sync()`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def elapsed_ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
 def _random_ids(n: int, length: int, vocab: int, gen: torch.Generator, low: int = 3) -> list[list[int]]:
     return torch.randint(low, vocab, (n, length), generator=gen).tolist()
 

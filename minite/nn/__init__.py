@@ -3,13 +3,14 @@
 from minite.nn.attention import AlignedAttention, RopeTable, apply_rope_fp32, attention_fp64
 from minite.nn.functional import LinearNumerics, SeedSource, qmm, quant_linear
 from minite.nn.linear import QuantLinear
-from minite.nn.moe import AlignedRouter, FP32RMSNorm, QuantExperts
+from minite.nn.moe import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
 from minite.nn.swap import apply_numerics, decoder_layers, linear_numerics, quantized_modules, routers
 
 __all__ = [
     "AlignedAttention",
     "AlignedRouter",
     "FP32RMSNorm",
+    "GroupedExperts",
     "LinearNumerics",
     "QuantExperts",
     "QuantLinear",

@@ -133,7 +133,8 @@ class RopeTable:
         table = self._by_key.get(key)
         if table is None:
             table = self._by_key[key] = self._table.to(device=positions.device, dtype=dtype)
-        if positions.numel() and int(positions.max()) >= self.max_positions:
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a graph
+        if positions.numel() and not capturing and int(positions.max()) >= self.max_positions:
             raise IndexError(
                 f"RoPE position {int(positions.max())} >= max_position_embeddings {self.max_positions}"
             )

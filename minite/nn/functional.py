@@ -6,8 +6,17 @@
 
 Every GEMM quantizes both operands along its reduction dim (NVFP4 blocks run along K of the MMA) and
 calls the reference W4A4 GEMM (`nvfp4_matmul_ref`): exact e2m1·e4m3 products, fp32 accumulation, decode
-scales in the epilogue. A None spec runs that operand in high precision. On CUDA, the same call
-dispatches to the Triton kernels once they exist (minite.kernels); the reference stays the spec.
+scales in the epilogue. A None spec runs that operand in high precision. The reference stays the spec.
+
+Execution path (`LinearNumerics.gemm`, from the recipe's `NumericsSpec.gemm`), on CUDA tensors:
+- "fused": the Triton kernels (minite.kernels via minite.numerics.dispatch): fused quantize, W4A4 GEMM;
+- "emulated": what a Transformer Engine user runs on Hopper (no FP4 GEMM there): the torch reference
+  quantizer, both operands dequantized to bf16 *without* their global scales (e2m1·e4m3 has at most 6
+  significant bits, so these bf16 values are exact), a cuBLAS bf16 GEMM with fp32 accumulation and
+  output, and the decode scales applied in fp32 afterwards, in the reference's order. (Folding s_dec
+  into the bf16 operands instead would round every element: not the same numbers.)
+Both equal the reference up to fp32 summation order. On CPU every path is the reference call itself
+(bit for bit); `force_gemm_path` runs a given path on any device (tests).
 
 Stochastic rounding draws come from a generator seeded per (layer seed, step, call), not from global
 RNG state, so a resumed run repeats the same draws.
@@ -27,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +54,10 @@ from minite.numerics import (
     nvfp4_matmul_ref,
     quantize,
 )
+from minite.numerics.formats import e2m1_decode, unpack_fp4
+from minite.numerics.nvfp4 import decode_scale
+
+GemmPath = Literal["fused", "emulated"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +70,96 @@ class LinearNumerics:
     dgrad_weight: QuantSpec | None = None
     wgrad_grad: QuantSpec | None = None
     wgrad_act: QuantSpec | None = None
+    gemm: GemmPath = "fused"  # execution path on CUDA (module docstring); CPU: the reference
 
     @property
     def quantized(self) -> bool:
         return self.fprop_weight is not None or self.fprop_act is not None
+
+
+# --- execution path -------------------------------------------------------------------------------------
+
+_FORCED_PATH: str | None = None  # "reference" | "fused" | "emulated" while `force_gemm_path` is active
+
+
+@contextlib.contextmanager
+def force_gemm_path(path: str | None) -> Iterator[None]:
+    """Run every quantized GEMM of this block on `path` ("reference", "emulated", "fused"; None: the
+    numerics' own choice), on any device. For tests: on CPU the emulation runs its bf16-exact operands
+    through an fp32 matmul (the same products and fp32 sums as cuBLAS's bf16 GEMM)."""
+    global _FORCED_PATH
+    if path not in (None, "reference", "emulated", "fused"):
+        raise ValueError(f"force_gemm_path: unknown path {path!r}")
+    prev, _FORCED_PATH = _FORCED_PATH, path
+    try:
+        yield
+    finally:
+        _FORCED_PATH = prev
+
+
+def gemm_path(gemm: str, *tensors: torch.Tensor | None) -> str:
+    """The path a GEMM runs: "fused" (Triton kernels), "emulated" (torch quantize + bf16 cuBLAS) or
+    "reference" (pure torch; every CPU tensor)."""
+    if _FORCED_PATH is not None:
+        return _FORCED_PATH
+    present = [t for t in tensors if t is not None]
+    if not present or not all(t.is_cuda for t in present):
+        return "reference"
+    if gemm == "emulated":
+        return "emulated"
+    return "fused" if dispatch.use_kernels(*present) else "reference"
+
+
+def quantize_operand(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    gemm: str = "fused",
+    *,
+    amax: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    name: str = "tensor",
+) -> NVFP4Tensor:
+    """Quantize on the path's quantizer: the fused kernel, or the torch reference (CPU, emulated).
+
+    The emulation on CUDA draws its stochastic-rounding numbers on the GPU from a generator seeded like
+    the given CPU one (a CPU generator cannot feed a CUDA tensor)."""
+    if gemm_path(gemm, x) == "fused" and x.is_cuda:
+        return dispatch.quantize(x, spec, amax=amax, generator=generator, name=name)
+    if generator is not None and x.is_cuda and generator.device.type != "cuda":
+        generator = torch.Generator(device=x.device).manual_seed(generator.initial_seed())
+    return quantize(x, spec, amax=amax, generator=generator, name=name)
+
+
+def dequantize_unscaled_bf16(t: NVFP4Tensor) -> torch.Tensor:
+    """e2m1 · float(block scale) in bf16, without the global scale: exact (<= 6 significant bits;
+    NaN block scales stay NaN). Not memoized (an emulating trainer decodes at every GEMM)."""
+    vals = e2m1_decode(unpack_fp4(t.qdata))
+    *lead, k = vals.shape
+    scale = t.scale.float().unsqueeze(-1)
+    return (vals.reshape(*lead, k // BLOCK, BLOCK) * scale).reshape(vals.shape).to(torch.bfloat16)
+
+
+@functools.cache
+def _mm_fp32_out(device_type: str) -> bool:
+    """Does torch.mm(bf16, bf16, out_dtype=float32) (fp32 accumulation and output) run on this device?"""
+    try:
+        a = torch.ones(16, 16, dtype=torch.bfloat16, device=device_type)
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def emulated_matmul(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
+    """A (M, K) @ B (N, K)ᵀ -> (M, N) float32 as an emulating trainer computes it: exact bf16 operands,
+    one bf16 GEMM with fp32 accumulation and output (cuBLAS; an fp32 matmul of the same values where
+    torch.mm has no fp32 output for bf16), then the decode scales as `nvfp4_matmul_ref` applies them."""
+    a16, b16 = dequantize_unscaled_bf16(a), dequantize_unscaled_bf16(b)
+    if a16.is_cuda and _mm_fp32_out(a16.device.type):
+        acc = torch.mm(a16, b16.T, out_dtype=torch.float32)
+    else:
+        acc = a16.float() @ b16.float().T
+    sa, sb = decode_scale(a), decode_scale(b)
+    return acc * sa * sb.reshape(1, -1) if sb.ndim else acc * sa * sb
 
 
 class SeedSource:
@@ -128,6 +229,7 @@ def _q(
     name: str,
     *,
     token_rows: bool = False,
+    gemm: str = "fused",
 ) -> NVFP4Tensor | None:
     """Quantize one GEMM operand. `token_rows`: x is (tokens, features), blocks along features: its
     per-tensor amax is all-reduced under `amax_sync`. Returns None for spec None or an empty x."""
@@ -142,10 +244,7 @@ def _q(
     if spec.rounding == "stochastic" and gen is None:
         gen = torch.Generator().manual_seed(0)
     qspec = spec if amax is None else dataclasses.replace(spec, scope="static")
-    if dispatch.use_kernels(x):
-        q = dispatch.quantize(x, qspec, amax=amax, generator=gen, name=name)
-    else:
-        q = quantize(x, qspec, amax=amax, generator=gen, name=name)
+    q = quantize_operand(x, qspec, gemm, amax=amax, generator=gen, name=name)
     q.spec = spec  # the same numbers as scope "tensor" over the global batch
     return q
 
@@ -161,17 +260,22 @@ def qmm(
     qb: NVFP4Tensor | None = None,
     name: str = "gemm",
     a_token_rows: bool = False,
+    gemm: str = "fused",
 ) -> torch.Tensor:
     """a (M, K) @ b (N, K)ᵀ -> (M, N) float32, each operand quantized along K per its spec.
 
-    `a_token_rows`: a's rows are tokens (fprop x, dgrad dy), see `amax_sync`."""
+    `a_token_rows`: a's rows are tokens (fprop x, dgrad dy), see `amax_sync`. `gemm`: the execution
+    path on CUDA (module docstring)."""
     if qa is None:
-        qa = _q(a, spec_a, seeds, f"{name}.a", token_rows=a_token_rows)
+        qa = _q(a, spec_a, seeds, f"{name}.a", token_rows=a_token_rows, gemm=gemm)
     if a.shape[0] == 0:  # no tokens on this rank (an expert under amax_sync): nothing to multiply
         return torch.zeros((0, b.shape[0]), dtype=torch.float32, device=a.device)
-    qb = qb if qb is not None else _q(b, spec_b, seeds, f"{name}.b")
+    qb = qb if qb is not None else _q(b, spec_b, seeds, f"{name}.b", gemm=gemm)
     if qa is not None and qb is not None:
-        if dispatch.use_kernels(qa.qdata, qb.qdata):
+        path = gemm_path(gemm, qa.qdata, qb.qdata)
+        if path == "emulated":
+            return emulated_matmul(qa, qb)
+        if path == "fused" and dispatch.use_kernels(qa.qdata, qb.qdata):
             return dispatch.matmul(qa, qb)
         return nvfp4_matmul_ref(qa, qb)
     a_hp = dequantize(qa) if qa is not None else a.float()
@@ -199,6 +303,7 @@ class QuantLinearFunction(torch.autograd.Function):
             qb=qweight,
             name=f"{name}.fprop",
             a_token_rows=True,
+            gemm=numerics.gemm,
         )
         if bias is not None:
             y = y + bias.float()
@@ -222,6 +327,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 ctx.seeds,
                 name=f"{ctx.name}.dgrad",
                 a_token_rows=True,
+                gemm=n.gemm,
             )
             dx = dx.to(ctx.x_dtype).reshape(*ctx.lead, weight.shape[1])
         if ctx.needs_input_grad[1] and x2.shape[0] == 0:
@@ -234,6 +340,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 n.wgrad_act,
                 ctx.seeds,
                 name=f"{ctx.name}.wgrad",
+                gemm=n.gemm,
             ).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)

@@ -14,8 +14,8 @@ import weakref
 import torch
 from torch import nn
 
-from minite.nn.functional import LinearNumerics, SeedSource, quant_linear
-from minite.numerics import NVFP4Tensor, quantize
+from minite.nn.functional import LinearNumerics, SeedSource, quant_linear, quantize_operand
+from minite.numerics import NVFP4Tensor
 
 
 class WeightQuantCache:
@@ -31,12 +31,16 @@ class WeightQuantCache:
     def __init__(self) -> None:
         self._store: dict[object, tuple[weakref.ref, tuple[int, int], NVFP4Tensor]] = {}
 
-    def get(self, key: object, param: torch.Tensor, w: torch.Tensor, spec, name: str) -> NVFP4Tensor:
+    def get(
+        self, key: object, param: torch.Tensor, w: torch.Tensor, spec, name: str, gemm: str = "fused"
+    ) -> NVFP4Tensor:
+        """`gemm`: the numerics' execution path, which picks the quantizer (the fused kernel or the torch
+        reference; the same bytes for round-to-nearest specs)."""
         stamp = (param._version, param.data_ptr())
         hit = self._store.get(key)
         if hit is not None and hit[0]() is param and hit[1] == stamp:
             return hit[2]
-        q = quantize(w.detach(), spec, name=name)
+        q = quantize_operand(w.detach(), spec, gemm, name=name)
         self._store[key] = (weakref.ref(param), stamp, q)
         return q
 
@@ -88,7 +92,9 @@ class QuantLinear(nn.Linear):
         if self.numerics.fprop_weight is None:
             return None
         w = self.weight if self.compute_dtype is None else self.weight.to(self.compute_dtype)
-        return self._cache.get("w", self.weight, w, self.numerics.fprop_weight, f"{self.qname}.weight")
+        return self._cache.get(
+            "w", self.weight, w, self.numerics.fprop_weight, f"{self.qname}.weight", self.numerics.gemm
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quant_linear(

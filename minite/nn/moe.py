@@ -7,15 +7,31 @@ token's quantization does not depend on which other tokens were routed to the sa
 
 The router stays high precision; `fp32` computes its logits in fp32, and `deterministic` breaks top-k
 ties by the lowest expert id (a stable sort) instead of whatever the top-k kernel does.
+
+Execution on CUDA follows `numerics.gemm` (minite/nn/functional.py): "fused" runs all experts on the
+grouped W4A4 kernels (minite.kernels.moe; without autograd, an inference forward of the same kernels
+in the same order with no host synchronization, so a decode step can be captured in a CUDA graph);
+"emulated" runs the per-expert loop below with the torch quantizers and bf16 cuBLAS GEMMs. On CPU the
+loop runs the reference. `GroupedExperts` gives unquantized experts the same choice: transformers'
+grouped_mm on CUDA under "fused", its eager per-expert loop otherwise (and always on CPU).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite.nn.functional import LinearNumerics, SeedSource, amax_sync_group, needs_amax_sync, quant_linear
+from minite.nn.functional import (
+    LinearNumerics,
+    SeedSource,
+    amax_sync_group,
+    gemm_path,
+    needs_amax_sync,
+    quant_linear,
+)
 from minite.nn.linear import WeightQuantCache
 from minite.numerics import NVFP4Tensor, dispatch
 
@@ -37,6 +53,7 @@ class QuantExperts(nn.Module):
         # packed mode (sampler): per expert NVFP4 weights for gate_up (2I, D) and down (D, I)
         self.packed_gate_up: list[NVFP4Tensor] | None = None
         self.packed_down: list[NVFP4Tensor] | None = None
+        self.inference_error: str | None = None  # set if grouped_inference_forward failed (then not retried)
 
     def quantized_weights(self, e: int) -> tuple[NVFP4Tensor | None, NVFP4Tensor | None]:
         if self.packed_gate_up is not None:
@@ -47,8 +64,9 @@ class QuantExperts(nn.Module):
         gu_w, dn_w = self.gate_up_proj[e], self.down_proj[e]
         if self.compute_dtype is not None:
             gu_w, dn_w = gu_w.to(self.compute_dtype), dn_w.to(self.compute_dtype)
-        gu = self._cache.get(("gu", e), self.gate_up_proj, gu_w, spec, f"{self.qname}.{e}.gate_up")
-        dn = self._cache.get(("dn", e), self.down_proj, dn_w, spec, f"{self.qname}.{e}.down")
+        gemm = self.numerics.gemm
+        gu = self._cache.get(("gu", e), self.gate_up_proj, gu_w, spec, f"{self.qname}.{e}.gate_up", gemm)
+        dn = self._cache.get(("dn", e), self.down_proj, dn_w, spec, f"{self.qname}.{e}.down", gemm)
         return gu, dn
 
     def _experts_to_run(self, top_k_index: torch.Tensor, synced: bool) -> list[int]:
@@ -65,9 +83,29 @@ class QuantExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         # hidden_states (T, D); top_k_index / top_k_weights (T, A)   # T tokens, A active experts
         synced = amax_sync_group() is not None and needs_amax_sync(self.numerics)
-        if dispatch.use_kernels(hidden_states) and self.numerics.quantized and not synced:
+        path = gemm_path(self.numerics.gemm, hidden_states)
+        fused = path == "fused" and dispatch.use_kernels(hidden_states)
+        if fused and self.numerics.quantized and not synced:
             from minite.kernels.moe import grouped_supported, quant_experts_forward
 
+            if not torch.is_grad_enabled() and _grouped_inference_supported(self.numerics):
+                if self.inference_error is None:
+                    try:
+                        return grouped_inference_forward(self, hidden_states, top_k_index, top_k_weights)
+                    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as exc:
+                        if (
+                            isinstance(exc, torch.OutOfMemoryError)
+                            or torch.cuda.is_current_stream_capturing()
+                        ):
+                            raise
+                        self.inference_error = f"{type(exc).__name__}: {exc}"[:300]
+                        warnings.warn(
+                            f"{self.qname}: grouped inference forward failed, autograd path: "
+                            f"{self.inference_error}",
+                            stacklevel=2,
+                        )
+                # the autograd path's forward needs only the fprop specs
+                return quant_experts_forward(self, hidden_states, top_k_index, top_k_weights)
             if grouped_supported(self.numerics):  # the same numerics on the grouped kernels
                 return quant_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         # accumulate in fp32: index_add_ is both slow and lossy in bf16 on CPU
@@ -98,6 +136,102 @@ class QuantExperts(nn.Module):
             y = y * top_k_weights[tok, pos, None].to(y.dtype)
             out.index_add_(0, tok, y.float())
         return out.to(hidden_states.dtype)
+
+
+def _grouped_inference_supported(numerics: LinearNumerics) -> bool:
+    """The forward GEMMs on the grouped kernels: quantized weights and 1x16 activations, no static scope."""
+    w, a = numerics.fprop_weight, numerics.fprop_act
+    return w is not None and a is not None and a.block == "1x16" and "static" not in (w.scope, a.scope)
+
+
+def grouped_inference_forward(
+    module: QuantExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """`minite.kernels.moe.quant_experts_forward` without autograd: the same kernels on the same operands
+    in the same order (rows sorted stably by expert, grouped quantize + grouped GEMM per linear, the
+    combine in ascending expert order), so the same numbers. The expert offsets come from a search in
+    the sorted ids instead of a bincount (which synchronizes with the host on CUDA): nothing here waits
+    for the host, so a decode step can be captured in a CUDA graph."""
+    from minite.kernels.grouped_gemm import nvfp4_grouped_matmul
+    from minite.kernels.moe import _stacked_weight, combine_in_expert_order
+    from minite.kernels.quantize import nvfp4_quantize_grouped
+
+    n = module.numerics
+    dev = hidden_states.device
+    autocast = torch.is_autocast_enabled(dev.type)
+    out_dtype = torch.get_autocast_dtype(dev.type) if autocast else hidden_states.dtype
+    a = top_k_index.shape[1]
+    flat = top_k_index.reshape(-1).long()
+    ids, perm = torch.sort(flat, stable=True)
+    bounds = torch.arange(module.num_experts + 1, device=dev, dtype=ids.dtype)
+    offsets = torch.searchsorted(ids, bounds)  # rows of expert e: [offsets[e], offsets[e+1])
+    tok, slot = perm // a, perm % a
+    packed = module.packed_gate_up is not None
+    qgu = _stacked_weight(module, "gate_up_proj", module.packed_gate_up if packed else None, n.fprop_weight)
+    qdn = _stacked_weight(module, "down_proj", module.packed_down if packed else None, n.fprop_weight)
+    with torch.autocast(dev.type, enabled=False):
+        x = hidden_states[tok]
+        h = nvfp4_grouped_matmul(nvfp4_quantize_grouped(x, offsets, n.fprop_act), qgu, offsets).to(out_dtype)
+        gate, up = h.chunk(2, dim=-1)
+        h = module.act_fn(gate) * up
+        y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(h, offsets, n.fprop_act), qdn, offsets).to(out_dtype)
+    y = y * top_k_weights[tok, slot, None].to(y.dtype)
+    return combine_in_expert_order(y.float(), tok, slot, top_k_index, torch.float32).to(hidden_states.dtype)
+
+
+class GroupedExperts(nn.Module):
+    """transformers' unquantized experts (same parameters, same names) with a device-dependent path:
+    transformers' `grouped_mm` implementation on CUDA (its fastest), its eager per-expert loop on CPU
+    (bit for bit what transformers' "eager" computes, which every engine runs there)."""
+
+    def __init__(self, experts: nn.Module) -> None:
+        super().__init__()
+        skip = {"training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
+        for k, v in vars(experts).items():  # plain attributes (num_experts, act_fn config, flags)
+            if k not in skip and not k.startswith(("_forward", "_backward", "_state_dict", "_load_state")):
+                self.__dict__.setdefault(k, v)
+        self.__dict__.setdefault("_is_expert_parallel", False)
+        self.__dict__.setdefault("has_gate", True)
+        self.__dict__.setdefault("has_bias", False)
+        self.__dict__.setdefault("is_transposed", False)
+        self.gate_up_proj = experts.gate_up_proj  # shared, not copied
+        self.down_proj = experts.down_proj
+        self.act_fn = experts.act_fn
+        self._orig_cls = type(experts)
+        forward = self._orig_cls.forward
+        self._eager = getattr(forward, "__wrapped__", forward)  # transformers' eager loop
+        self.grouped_error: str | None = None
+        self.last_impl: str | None = None  # "grouped_mm" or "eager", for benchmarks
+
+    def _apply_gate(self, gate_up_out: torch.Tensor) -> torch.Tensor:
+        apply = getattr(self._orig_cls, "_apply_gate", None)
+        if apply is not None:
+            return apply(self, gate_up_out)
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        if (
+            hidden_states.is_cuda
+            and gemm_path("fused", hidden_states) == "fused"
+            and self.grouped_error is None
+        ):
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+            try:
+                grouped = ALL_EXPERTS_FUNCTIONS["grouped_mm"]
+                out = grouped(self, hidden_states, top_k_index, top_k_weights)
+            except (KeyError, AttributeError, NotImplementedError, TypeError) as exc:
+                # this transformers/torch cannot run it: the eager loop, said once and recorded
+                self.grouped_error = f"{type(exc).__name__}: {exc}"[:300]
+                warnings.warn(
+                    f"GroupedExperts: grouped_mm unavailable, eager loop: {self.grouped_error}", stacklevel=2
+                )
+            else:
+                self.last_impl = "grouped_mm"
+                return out
+        self.last_impl = "eager"
+        return self._eager(self, hidden_states, top_k_index, top_k_weights)
 
 
 class AlignedRouter(nn.Module):

@@ -4,7 +4,9 @@ Parameters are shared, not copied, so a real Qwen3-30B-A3B checkpoint loads into
 before or after the swap, and the optimizer sees the same tensors. Everything is per model instance
 (modules replaced in this model), never a patch of transformers itself: other models in the process are
 untouched. `rope`/`attention` other than "native" replace each layer's attention by
-minite.nn.attention `AlignedAttention` (same submodules, same names).
+minite.nn.attention `AlignedAttention` (same submodules, same names). Under `gemm: fused` the experts
+left unquantized become `GroupedExperts` (same parameters: transformers' grouped_mm on CUDA, its eager
+loop on CPU).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import nn
 from minite.nn.attention import AlignedAttention, RopeTable
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.linear import QuantLinear
-from minite.nn.moe import AlignedRouter, FP32RMSNorm, QuantExperts
+from minite.nn.moe import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
 from minite.recipes import NumericsSpec
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -30,6 +32,7 @@ def linear_numerics(spec: NumericsSpec) -> LinearNumerics:
         dgrad_weight=spec.dgrad_weight,
         wgrad_grad=spec.wgrad_grad,
         wgrad_act=spec.wgrad_act,
+        gemm=spec.gemm,
     )
 
 
@@ -86,6 +89,12 @@ def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedS
             else:
                 for p in _DENSE_MLP:
                     setattr(mlp, p, QuantLinear.from_linear(getattr(mlp, p), lin, seeds, f"{prefix}.mlp.{p}"))
+    if spec.gemm == "fused":
+        # unquantized experts (bf16 recipe, bf16 blocks): transformers' grouped_mm on CUDA, eager on CPU
+        for layer in layers:
+            experts = getattr(layer.mlp, "experts", None)
+            if experts is not None and not isinstance(experts, QuantExperts | GroupedExperts):
+                layer.mlp.experts = GroupedExperts(experts)
     if spec.fp32_norm:
         inner = getattr(model, "model", model)
         inner.norm = FP32RMSNorm(inner.norm)

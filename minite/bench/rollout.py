@@ -1,0 +1,509 @@
+"""Rollout (decode) throughput of the built-in sampler at Qwen3-30B-A3B layer shapes (`minite bench rollout`).
+
+The engine: the built-in sampler's model (`minite.engines.sampler.BuiltinSampler`: transformers'
+Qwen3-MoE in bf16 with the recipe's *sampler* numerics swapped in), built directly on the device with a
+seeded random init, its NVFP4 weights put in place by the recipe's weight path (`export_weights` ->
+`load_weights`: a re-exported checkpoint for te_nvfp4, the trainer-exact bytes for minite; here exported
+from the sampler's own bf16 weights, as no trainer is running). The decode loop (`Decoder`) keeps every
+tensor on the device: a preallocated KV cache (`StaticKVCache`), a 4-D attention mask, and, on CUDA,
+the decode step captured once per batch size as a CUDA graph and replayed (transformers' forward
+launches hundreds of small kernels per layer; replaying removes the host from the loop). Sampling
+(softmax + multinomial at temperature 1, EOS disabled, every row generates `max_new_tokens`) runs
+outside the graph. The same step is also timed without the graph (`eager_step_ms`): the difference is
+the Python/launch overhead of the step.
+
+Per batch size: prompts of `prompt_len` random tokens (no padding), one prefill (logits of the last
+position only) and `max_new_tokens - 1` decode steps. Reported: generated tokens/s end to end (prefill
+included), decode tokens/s (batch / decode step time), the step time with and without the graph, and
+what bounds a step: the bytes of weights it must read (expected distinct experts under uniform routing
+for that batch, NVFP4 = 4.5 bits/element with its E4M3 block scales, bf16 = 16; plus the bf16 lm_head,
+router and the KV cache) over the device copy bandwidth measured in the same process. Every recipe runs
+in one process on the same prompts; the ratios to bf16 come from those times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from minite.bench.learner import (
+    EXTRAPOLATE_LAYERS,
+    SHAPES,
+    init_weights,
+    model_config,
+    param_counts,
+    release,
+    resolve_layers,
+)
+from minite.bench.throughput import Clock, bench_device, device_info, environment
+from minite.recipes import NumericsSpec, Recipe
+
+NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # packed E2M1 + one E4M3 scale per 16 elements
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    batch_sizes: tuple[int, ...] = (1, 16, 64, 256)
+    prompt_len: int = 128
+    max_new_tokens: int = 128
+    warmup: int = 1
+    iters: int = 3
+    cuda_graphs: bool = True
+    eager_steps: int = 8
+    # per batch size: stop after this many seconds of timed generations (at least one)
+    max_seconds: float | None = None
+
+
+class StaticKVCache(Cache):
+    """A preallocated KV cache for transformers' attention modules: `update` writes the new keys/values
+    at `write_pos` (a device scalar the decode loop sets before each step, so a captured graph writes
+    where the loop says) and returns the whole buffers; the 4-D mask hides the unwritten slots."""
+
+    def __init__(self, layers, batch, kv_heads, head_dim, max_len, dtype, device) -> None:  # noqa: D107
+        # transformers' own layer objects are not used: only `update` is called by the attention
+        self.layers = []
+        self.offloading = False
+        self.max_len = int(max_len)
+        shape = (batch, kv_heads, self.max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.write_pos = torch.zeros((), dtype=torch.long, device=device)
+        self.seen = 0
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        idx = self.write_pos + torch.arange(key_states.shape[-2], device=key_states.device)
+        self.k[layer_idx].index_copy_(2, idx, key_states)
+        self.v[layer_idx].index_copy_(2, idx, value_states)
+        return self.k[layer_idx], self.v[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.max_len
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self.max_len, 0
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+class Decoder:
+    """Batched decoding of one model on its device (module docstring): prefill, then one step per token."""
+
+    def __init__(self, model, batch: int, max_len: int, device: torch.device) -> None:
+        cfg = model.config
+        self.model, self.batch, self.max_len, self.device = model, batch, max_len, device
+        dtype = next(model.parameters()).dtype
+        self.kv = StaticKVCache(
+            cfg.num_hidden_layers, batch, cfg.num_key_value_heads, cfg.head_dim, max_len, dtype, device
+        )
+        self.ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.mask = torch.zeros((batch, 1, 1, max_len), dtype=torch.bool, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_logits: torch.Tensor | None = None
+
+    def _forward(self, ids, pos, mask) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=self.kv,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Logits of the last prompt position; prompts (B, P), no padding."""
+        p = prompt.shape[1]
+        self.kv.write_pos.fill_(0)
+        self.mask.zero_()
+        j = torch.arange(self.max_len, device=self.device)
+        keep = (j[None, :] <= torch.arange(p, device=self.device)[:, None]).expand(self.batch, 1, p, -1)
+        pos = torch.arange(p, device=self.device).expand(self.batch, -1)
+        logits = self._forward(prompt, pos, keep)
+        self.mask[..., :p] = True
+        return logits
+
+    @torch.no_grad()
+    def step_eager(self) -> torch.Tensor:
+        return self._forward(self.ids, self.pos, self.mask)
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Record the decode step as a CUDA graph (after two warm-up steps on a side stream)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.step_eager()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.graph_logits = self.step_eager()
+        self.graph = graph
+
+    def step(self, use_graph: bool) -> torch.Tensor:
+        if use_graph and self.graph is not None:
+            self.graph.replay()
+            return self.graph_logits
+        return self.step_eager()
+
+    def set_next(self, tokens: torch.Tensor, position: int) -> None:
+        self.ids.copy_(tokens[:, None])
+        self.pos.fill_(position)
+        self.kv.write_pos.fill_(position)
+        self.mask[..., position] = True
+
+    @torch.no_grad()
+    def generate(
+        self, prompt: torch.Tensor, new_tokens: int, gen: torch.Generator, clock: Clock, use_graph: bool
+    ) -> dict[str, Any]:
+        """Sample `new_tokens` per row; returns the tokens and the prefill / decode times."""
+        p = prompt.shape[1]
+        out = torch.empty((self.batch, new_tokens), dtype=torch.long, device=self.device)
+        a = clock.mark()
+        logits = self.prefill(prompt)
+        b = clock.mark()
+        for t in range(new_tokens):
+            probs = torch.softmax(logits.float(), dim=-1)
+            tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            out[:, t] = tok
+            if t == new_tokens - 1:
+                break
+            self.set_next(tok, p + t)
+            logits = self.step(use_graph)
+        c = clock.mark()
+        clock.sync()
+        return {"tokens": out, "prefill_ms": clock.elapsed_ms(a, b), "decode_ms": clock.elapsed_ms(b, c)}
+
+
+# --- the engine --------------------------------------------------------------------------------------------
+
+
+def build_sampler(recipe: Recipe, shape: dict[str, Any], layers: int, device: torch.device, seed: int):
+    """The built-in sampler's model with `recipe.sampler` numerics on `device`, seeded bf16 weights,
+    NVFP4 weights in place through the recipe's weight path."""
+    from minite.engines.sampler import BuiltinSampler
+    from minite.engines.weight_sync import export_weights
+
+    cfg = model_config(shape, layers)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 directly: no fp32 copy of the model
+    try:
+        with torch.device(device):
+            sampler = BuiltinSampler(cfg, recipe, dtype=torch.bfloat16, eos_token_id=-1, pad_token_id=0)
+    finally:
+        torch.set_default_dtype(prev)
+    init_weights(sampler.model, cfg.initializer_range, seed)
+    if recipe.sampler.quantized:
+        sampler.update_weights(export_weights(sampler.model, recipe, version=0))
+    else:
+        sampler.version = 0
+    return sampler
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 * 1024**3, reps: int = 10) -> float | None:
+    """Device-to-device copy bandwidth, bytes read + written per second (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        y.copy_(x)
+    b.record()
+    torch.cuda.synchronize()
+    bw = 2 * nbytes * reps / (a.elapsed_time(b) / 1e3)
+    del x, y
+    return bw
+
+
+def step_bytes(shape: dict[str, Any], layers: int, spec: NumericsSpec, batch: int, kv_len: float) -> dict:
+    """Bytes one decode step must read (weights + KV cache), expected under uniform routing."""
+    h, e, k = shape["hidden_size"], shape["num_experts"], shape["num_experts_per_tok"]
+    q = shape["num_attention_heads"] * shape["head_dim"]
+    kv = shape["num_key_value_heads"] * shape["head_dim"]
+    attn = h * (q + 2 * kv) + q * h
+    expert = 3 * h * shape["moe_intermediate_size"]
+    active = e * (1 - (1 - k / e) ** batch)
+    weights = 0.0
+    for i in range(layers):
+        quant = spec.block_is_quantized(i, layers)
+        b_attn = NVFP4_BYTES_PER_ELEMENT if quant and spec.quantize_attention else BF16_BYTES
+        b_exp = NVFP4_BYTES_PER_ELEMENT if quant and spec.quantize_experts else BF16_BYTES
+        weights += attn * b_attn + active * expert * b_exp + h * e * BF16_BYTES
+    weights += shape["vocab_size"] * h * BF16_BYTES  # lm_head (bf16 in every recipe)
+    cache = layers * 2 * batch * kv * kv_len * BF16_BYTES
+    return {"weights": weights, "kv_cache": cache, "total": weights + cache, "active_experts": active}
+
+
+def measure_recipe(
+    recipe: Recipe,
+    shape: dict[str, Any],
+    layers: int,
+    cfg: RolloutConfig,
+    device: torch.device,
+    bandwidth: float | None,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    clock = Clock(device)
+    cuda = device.type == "cuda"
+    t0 = time.perf_counter()
+    sampler = build_sampler(recipe, shape, layers, device, seed)
+    build_s = time.perf_counter() - t0
+    model = sampler.model
+    max_len = cfg.prompt_len + cfg.max_new_tokens
+    rows: dict[str, Any] = {}
+    for bsz in cfg.batch_sizes:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        prompt = torch.randint(3, shape["vocab_size"], (bsz, cfg.prompt_len), generator=gen, device=device)
+        dec = Decoder(model, bsz, max_len, device)
+        graph_error = None
+        use_graph = cuda and cfg.cuda_graphs
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        if use_graph:
+            dec.prefill(prompt)  # compiles every kernel before the capture
+            dec.set_next(prompt[:, -1], cfg.prompt_len)
+            try:
+                dec.capture()
+            except Exception as exc:  # report and measure without the graph
+                graph_error = f"{type(exc).__name__}: {exc}"[:500]
+                log(f"  {recipe.name} b={bsz}: CUDA graph capture failed, eager: {graph_error}")
+                use_graph = False
+                dec = Decoder(model, bsz, max_len, device)
+        runs: list[dict[str, Any]] = []
+        for i in range(cfg.warmup + cfg.iters):
+            r = dec.generate(prompt, cfg.max_new_tokens, gen, clock, use_graph)
+            if i >= cfg.warmup:
+                runs.append(r)
+                spent = sum(x["prefill_ms"] + x["decode_ms"] for x in runs) / 1e3
+                if cfg.max_seconds is not None and spent >= cfg.max_seconds:
+                    break
+        prefill_ms = statistics.median(r["prefill_ms"] for r in runs)
+        decode_ms = statistics.median(r["decode_ms"] for r in runs)
+        total_s = (prefill_ms + decode_ms) / 1e3
+        steps = max(1, cfg.max_new_tokens - 1)
+        step_ms = decode_ms / steps
+        eager = dec.generate(prompt, cfg.eager_steps + 1, gen, clock, use_graph=False) if use_graph else None
+        eager_step_ms = eager["decode_ms"] / cfg.eager_steps if eager else step_ms
+        need = step_bytes(shape, layers, recipe.sampler, bsz, cfg.prompt_len + cfg.max_new_tokens / 2)
+        row = {
+            "batch": bsz,
+            "generated_tokens": bsz * cfg.max_new_tokens,
+            "tokens_per_s": bsz * cfg.max_new_tokens / total_s,
+            "decode_tokens_per_s": bsz / (step_ms / 1e3),
+            "prefill_ms": prefill_ms,
+            "decode_step_ms": step_ms,
+            "eager_step_ms": eager_step_ms,
+            "cuda_graph": use_graph,
+            "graph_error": graph_error,
+            "step_bytes": need,
+            "achieved_bytes_per_s": need["total"] / (step_ms / 1e3),
+            "memory_floor_step_ms": need["total"] / bandwidth * 1e3 if bandwidth else None,
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 1024**3 if cuda else None,
+            "finite": bool(torch.isfinite(runs[-1]["tokens"].float()).all()),
+            "timed_generations": len(runs),
+        }
+        rows[str(bsz)] = row
+        log(
+            f"  {recipe.name} b={bsz}: {row['decode_tokens_per_s']:,.0f} decode tok/s, step "
+            f"{step_ms:.2f} ms (eager {eager_step_ms:.2f} ms, floor "
+            f"{row['memory_floor_step_ms'] or float('nan'):.2f} ms), prefill {prefill_ms:.1f} ms"
+        )
+        del dec
+        release()
+    from minite.nn.moe import GroupedExperts, QuantExperts
+
+    impls = {str(m.last_impl) for m in model.modules() if isinstance(m, GroupedExperts)}
+    errors = {m.inference_error for m in model.modules() if isinstance(m, QuantExperts)} - {None}
+    sampler.close()
+    return {
+        "bf16_experts_impl": sorted(impls),
+        "grouped_inference_errors": sorted(errors),
+        "sampler_gemm": recipe.sampler.gemm,
+        "sampler_attention": recipe.sampler.attention,
+        "weight_source": recipe.sampler.weight_source,
+        "build_s": build_s,
+        "batches": rows,
+    }
+
+
+def run(
+    recipes: list[Recipe],
+    shape_name: str,
+    layers: int | str,
+    cfg: RolloutConfig,
+    *,
+    bytes_per_param: float = 20.0,
+    activation_reserve_gib: float = 24.0,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+    command: str | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Measure every recipe in this process (the report so far goes to `progress` after each)."""
+    shape = dict(SHAPES[shape_name])
+    device = bench_device()
+    n, rule = resolve_layers(layers, shape, device, bytes_per_param, activation_reserve_gib)
+    fixed, per_layer = param_counts(shape)
+    bw = copy_bandwidth(device)
+    bw_s = f"{bw / 1e12:.2f} TB/s" if bw else "not measured (CPU)"
+    log(f"rollout: {shape_name} x {n} layers on {device}; device copy bandwidth {bw_s}")
+    rows: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    report: dict[str, Any] = {}
+    for recipe in recipes:
+        log(f"rollout: {recipe.name} ...")
+        release()
+        try:
+            rows[recipe.name] = measure_recipe(recipe, shape, n, cfg, device, bw, seed, log)
+        except torch.OutOfMemoryError as exc:
+            failed[recipe.name] = f"OutOfMemoryError at {n} layers: {str(exc)[:300]}"
+            log(f"rollout: {recipe.name}: {failed[recipe.name]}")
+        release()
+        report = _report(
+            rows, failed, recipes, shape, shape_name, n, fixed, per_layer, rule, cfg, bw, command
+        )
+        if progress is not None:
+            progress(report)
+    return report
+
+
+def _report(rows, failed, recipes, shape, shape_name, n, fixed, per_layer, rule, cfg, bw, command):
+    ratio: dict[str, dict[str, float]] = {}
+    if "bf16" in rows:
+        for name, r in rows.items():
+            if name == "bf16":
+                continue
+            for key in ("decode_tokens_per_s", "tokens_per_s"):
+                ratio.setdefault(f"{name}/bf16", {})
+                for b, row in r["batches"].items():
+                    base = rows["bf16"]["batches"][b][key]
+                    ratio[f"{name}/bf16"][f"{key}@{b}"] = row[key] / base
+    report = {
+        "kind": "rollout",
+        "device": device_info(),
+        "environment": environment(command=command),
+        "shape": {
+            "name": shape_name,
+            **{k: v for k, v in shape.items() if k != "num_hidden_layers"},
+            "num_hidden_layers": n,
+            "params": fixed + per_layer * n,
+            "layers_rule": rule,
+        },
+        "config": dataclasses.asdict(cfg),
+        "copy_bandwidth_bytes_per_s": bw,
+        "recipes": rows,
+        "failed": failed,
+        "ratios": ratio,
+    }
+    report["targets"] = _targets(report)
+    report["floor_ratio_48_layers"] = {
+        name: {
+            b: step_bytes(shape, EXTRAPOLATE_LAYERS, NumericsSpec(), int(b), _kv(cfg))["total"]
+            / step_bytes(shape, EXTRAPOLATE_LAYERS, _spec_of(recipes, name), int(b), _kv(cfg))["total"]
+            for b in r["batches"]
+        }
+        for name, r in rows.items()
+        if name != "bf16"
+    }
+    return report
+
+
+def _kv(cfg: RolloutConfig) -> float:
+    return cfg.prompt_len + cfg.max_new_tokens / 2
+
+
+def _spec_of(recipes: list[Recipe], name: str) -> NumericsSpec:
+    return next(r.sampler for r in recipes if r.name == name)
+
+
+def _targets(report: dict[str, Any]) -> dict[str, Any]:
+    """NVFP4 decode >= 2x bf16 at every batch <= 64."""
+    out = {}
+    for name, r in report["ratios"].items():
+        vals = {k.split("@")[1]: v for k, v in r.items() if k.startswith("decode_tokens_per_s@")}
+        small = {b: v for b, v in vals.items() if int(b) <= 64}
+        if small:
+            out[name] = {"target": 2.0, "batches": small, "met": all(v >= 2.0 for v in small.values())}
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env, dev, shape, cfg = report["environment"], report["device"], report["shape"], report["config"]
+    bw = report["copy_bandwidth_bytes_per_s"]
+    lines = [
+        f"# Rollout (decode) throughput, built-in sampler: {shape['name']} shapes, "
+        f"{shape['num_hidden_layers']} layers ({dev['label']})",
+        "",
+        f"- command: `{env['command']}`"
+        + (f" (reproduce: `{env['reproduce']}`)" if env.get("reproduce") else ""),
+        f"- date: {env['date']}, git commit: {env['git_commit']}, torch {env['torch']}, "
+        f"transformers {env['transformers']}, triton {env['triton']}",
+        f"- prompts of {cfg['prompt_len']} random tokens, {cfg['max_new_tokens']} new tokens per row "
+        f"(temperature 1, no EOS); decode step "
+        f"{'replayed as a CUDA graph (rows marked eager: without)' if cfg['cuda_graphs'] else 'eager'}; "
+        f"median of {cfg['iters']} after {cfg['warmup']} warm-up"
+        + (f"; device copy bandwidth {bw / 1e12:.2f} TB/s (read + write)" if bw else ""),
+        "",
+        "step ms: one decode step (forward + sampling) replayed as a CUDA graph; eager: the same step "
+        "launched from Python (the difference is host overhead); floor: the bytes the step must read "
+        "(weights under uniform routing + KV cache) over the copy bandwidth; x floor = step / floor.",
+        "",
+        "| recipe | batch | decode tok/s | vs bf16 | step ms (graph) | step ms (eager) | floor ms | x floor "
+        "| weights read / step | end-to-end tok/s | prefill ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in report["recipes"].items():
+        for b, row in r["batches"].items():
+            ratio = report["ratios"].get(f"{name}/bf16", {}).get(f"decode_tokens_per_s@{b}")
+            ratio = 1.0 if name == "bf16" else ratio
+            floor = row["memory_floor_step_ms"]
+            lines.append(
+                f"| {name} | {b} | {row['decode_tokens_per_s']:,.0f} | "
+                f"{'' if ratio is None else f'{ratio:.2f}x'} | "
+                f"{row['decode_step_ms']:.2f}{'' if row['cuda_graph'] else ' (eager)'} | "
+                f"{row['eager_step_ms']:.2f} | {'' if floor is None else f'{floor:.2f}'} | "
+                f"{'' if not floor else format(row['decode_step_ms'] / floor, '.1f')} | "
+                f"{row['step_bytes']['weights'] / 1e9:.2f} GB | {row['tokens_per_s']:,.0f} | "
+                f"{row['prefill_ms']:.1f} |"
+            )
+    for name, err in report.get("failed", {}).items():
+        lines.append(f"| {name} | failed: {err[:120]} |  |  |  |  |  |  |  |  |  |")
+    if report.get("targets"):
+        lines += [
+            "",
+            "Target (NVFP4 decode >= 2x bf16 at batch <= 64): "
+            + "; ".join(
+                f"{n}: {', '.join(f'b={b} {v:.2f}x' for b, v in t['batches'].items())} "
+                f"({'met' if t['met'] else 'not met'})"
+                for n, t in report["targets"].items()
+            ),
+        ]
+    fl = report.get("floor_ratio_48_layers")
+    if fl:
+        lines += [
+            "",
+            "Bytes-per-step floor ratio bf16/NVFP4 at 48 layers (what the memory bound allows): "
+            + "; ".join(f"{n}: " + ", ".join(f"b={b} {v:.2f}x" for b, v in d.items()) for n, d in fl.items()),
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,126 @@
+"""GPU checks of the GEMM execution paths (NumericsSpec.gemm) and of the rollout decode loop, before the
+benchmarks: `python scripts/gpu/check_paths.py` on a CUDA machine. Prints one line per check; exits 1 if
+any check fails. (On CPU the same properties are tested in tests/nn/test_gemm_path.py and
+tests/bench/test_learner_rollout.py.)"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+
+from minite.bench.learner import TOY, parse_recipe
+from minite.bench.rollout import Decoder, build_sampler
+from minite.engines.trainer import forward
+from minite.models.tiny import build_tiny_model
+from minite.nn import apply_numerics
+from minite.nn.functional import _mm_fp32_out, emulated_matmul, force_gemm_path
+from minite.nn.swap import set_compute_dtype
+from minite.numerics import QuantSpec, dequantize, nvfp4_matmul_ref, quantize
+from minite.recipes import BF16, MINITE, TE_NVFP4
+
+FAILED: list[str] = []
+
+
+def check(name: str, ok: bool, detail: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    if not ok:
+        FAILED.append(name)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
+
+
+def logits(model, ids):
+    return forward(model, torch.bfloat16, input_ids=ids, attention_mask=torch.ones_like(ids)).float()
+
+
+def main() -> int:
+    dev = torch.device("cuda")
+    check("mm_fp32_out", _mm_fp32_out("cuda"), "torch.mm(bf16, bf16, out_dtype=float32) on CUDA")
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(4096, 2048, device=dev, generator=g)
+    b = torch.randn(1536, 2048, device=dev, generator=g)
+    qa = quantize(a, QuantSpec(block="1x16", scope="tensor", flavor="te"))
+    qb = quantize(b, QuantSpec(block="16x16", scope="tensor", flavor="te"))
+    ref, emu = nvfp4_matmul_ref(qa, qb), emulated_matmul(qa, qb)
+    mag = dequantize(qa).abs() @ dequantize(qb).abs().T
+    err = float(((emu - ref).abs() / mag).max())
+    check("emulated_gemm", err < 1e-5, f"max |emu - ref| / sum|products| = {err:.2e} (fp32 summation order)")
+
+    ids = torch.randint(3, 32, (4, 24), generator=torch.Generator().manual_seed(1))
+    for recipe in (TE_NVFP4, MINITE):
+        torch.manual_seed(0)
+        cpu = build_tiny_model(seed=0)
+        gpu = copy.deepcopy(cpu)
+        apply_numerics(cpu, recipe.trainer)
+        set_compute_dtype(cpu, torch.bfloat16)
+        gpu = gpu.to(dev)
+        apply_numerics(gpu, recipe.trainer)
+        set_compute_dtype(gpu, torch.bfloat16)
+        with torch.no_grad():
+            lc = logits(cpu, ids)
+            lg_nograd = logits(gpu, ids.to(dev))
+            with force_gemm_path("reference"):
+                lg_ref = logits(gpu, ids.to(dev))
+        lg_grad = logits(gpu, ids.to(dev)).detach()  # grad enabled: the trainer's autograd path
+        d = rel(lg_nograd, lg_ref)
+        check(
+            f"{recipe.name}_{recipe.trainer.gemm}_vs_reference_on_cuda",
+            d < 2e-2,
+            f"max rel logit diff {d:.2e}, bitwise {torch.equal(lg_nograd, lg_ref)} (same device, only "
+            f"the GEMM path differs); vs CPU reference {rel(lg_nograd.cpu(), lc):.2e} (other kernels too)",
+        )
+        check(
+            f"{recipe.name}_nograd_vs_grad_forward",
+            rel(lg_nograd, lg_grad) < 1e-2,
+            f"bitwise equal: {torch.equal(lg_nograd, lg_grad)}, max rel {rel(lg_nograd, lg_grad):.2e}",
+        )
+    torch.manual_seed(0)
+    cpu = build_tiny_model(seed=0)
+    gpu = copy.deepcopy(cpu).to(dev)
+    apply_numerics(gpu, BF16.trainer)
+    with torch.no_grad():
+        lb = logits(gpu, ids.to(dev))
+        lc = logits(cpu, ids)
+    impl = {m.last_impl for m in gpu.modules() if hasattr(m, "last_impl")}
+    check(
+        "bf16_grouped_mm",
+        rel(lb.cpu(), lc) < 5e-2 and impl == {"grouped_mm"},
+        f"impl {impl}, rel {rel(lb.cpu(), lc):.2e}",
+    )
+
+    for name in ("bf16", "te_nvfp4", "minite"):
+        sampler = build_sampler(parse_recipe(name), TOY, 2, dev, seed=0)
+        prompt = torch.randint(3, TOY["vocab_size"], (8, 16), device=dev)
+        outs = {}
+        for use_graph in (False, True):
+            dec = Decoder(sampler.model, 8, 32, dev)
+            if use_graph:
+                dec.prefill(prompt)
+                dec.set_next(prompt[:, -1], 16)
+                try:
+                    dec.capture()
+                except Exception as exc:  # noqa: BLE001
+                    check(f"{name}_graph_capture", False, f"{type(exc).__name__}: {exc}"[:400])
+                    continue
+            seq = [dec.prefill(prompt)]
+            for t in range(6):
+                tok = seq[-1].argmax(-1)
+                dec.set_next(tok, 16 + t)
+                seq.append(dec.step(use_graph).clone())
+            outs[use_graph] = torch.stack(seq)
+        if True in outs:
+            same = torch.equal(outs[True], outs[False])
+            check(
+                f"{name}_graph_decode", rel(outs[True], outs[False]) < 1e-2, f"graph == eager bitwise: {same}"
+            )
+        sampler.close()
+    print("failed:", FAILED or "none", flush=True)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
