@@ -33,6 +33,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "log": ("minite.commands.log:main", "log a stage's JSON output to MLflow"),
     "plan": ("minite.commands.plan:main", "meta-device model, NVFP4/BF16 split and per-GPU memory plan"),
     "train-dist": ("minite.commands.train_dist:main", "GRPO RL, FSDP2 learner on N processes (torchrun)"),
+    "bench-scaling": (
+        "minite.commands.bench_scaling:main",
+        "FSDP2 learner tokens/s on 1..N processes (torchrun), one global batch, equivalence checked",
+    ),
 }
 
 

@@ -66,6 +66,23 @@ def resources_of(stage):
     return out
 
 
+def rl_processes():
+    """Learner processes of one RL job: jobs.rl.processes, else jobs.rl.gpus (one process per GPU)."""
+    return int(job("rl", "processes") or job("rl", "gpus") or 1)
+
+
+def rl_command(threads):
+    """What the rl rule runs: `minite train` (one process), or, when an RL job has more than one
+    learner process (rl_processes), `minite train-dist --nproc-per-node N`: torchrun with the FSDP2
+    learner, NCCL on GPUs / gloo on CPU, one vLLM engine per rank (docs/cluster.md). The job's threads
+    (as Snakemake grants them) are split over its processes. Both verbs take the same arguments and
+    write the same outputs."""
+    n = rl_processes()
+    if n <= 1:
+        return f"OMP_NUM_THREADS={threads} {MINITE} train"
+    return f"OMP_NUM_THREADS={max(1, threads // n)} {MINITE} train-dist --nproc-per-node {n}"
+
+
 # --- runs --------------------------------------------------------------------------------------------
 
 RUNS = P.run_names(config)  # what `rule all` runs: recipes, then the profile's ablations

@@ -1,5 +1,7 @@
 # Stage 2: RL. A run is a recipe (configs/recipes/<run>.yaml) or an ablation
 # (configs/ablations/<run>.yaml); `run_config` resolves it into the two files `minite train` reads.
+# An RL job is one process (`minite train`) or, for profiles whose jobs.rl has processes/gpus > 1,
+# `minite train-dist` under torchrun (common.smk: rl_command).
 #
 # Rerun precision: run_config's inputs are exactly the YAML files the run is built from (its recipe
 # chain, its ablation file) and its params are the resolved spec (recipe + the rl settings after the
@@ -41,6 +43,8 @@ rule rl:
     params:
         **DIRS,
         out=lambda w: rl_dir(w.run, w.seed),
+        # `minite train`, or `minite train-dist` (torchrun) for multi-process jobs
+        launch=lambda w, threads: rl_command(threads),
     log:
         f"{LOGS}/rl/{{run}}/seed{{seed}}.log",
     benchmark:
@@ -49,7 +53,7 @@ rule rl:
     resources:
         **resources_of("rl"),
     shell:
-        "OMP_NUM_THREADS={threads} {MINITE} train --config {input.train} --recipe {input.recipe}"
+        "{params.launch} --config {input.train} --recipe {input.recipe}"
         " --seed {wildcards.seed} --model-dir {params.model} --data-dir {params.data}"
         " --out {params.out} --no-progress"
         " --mlflow-experiment {EXPERIMENT} --mlflow-run-name rl/{wildcards.run}/seed{wildcards.seed}"

@@ -4,16 +4,21 @@
         --seed 0 --model-dir base_model --data-dir data --out results/run   # the args of `minite train`
     minite train-dist --nproc-per-node N <the same args>                   # the same, one node
 
-Every rank is a learner shard (minite.distributed.trainer); rank 0 also runs the sampler, scores the
-rewards and writes metrics.jsonl / summary.json exactly as `minite train` does (minite/rl/loop.py).
+Every rank is a learner shard (minite.distributed.trainer); rank 0 scores the rewards and writes
+metrics.jsonl / summary.json exactly as `minite train` does (minite/rl/loop.py).
 Per step:
-1. rank 0 samples the rollouts and broadcasts the token batch and rewards;
+1. the rollouts: with the built-in engine rank 0 samples them all; with vLLM (`rl.sampler.engine:
+   vllm`) every rank runs an engine (below) and each engine replica samples its slice of the prompts,
+   seeded as one engine would seed the whole batch; rank 0 gathers them and broadcasts the token batch
+   and rewards;
 2. every rank computes the GRPO advantages of the whole batch and keeps its rows (contiguous, equal
    slices: prompts_per_step × group_size must divide by N);
 3. log-prob recompute on its rows, all-gathered to rank 0 for the mismatch metrics; the update;
 4. weight sync by gather: the fp32 masters are gathered to rank 0 (`full_state_dict`) into an export
    copy of the model with the trainer's numerics, and `export_weights` builds the same WeightUpdate as
-   one process would (bf16 copies of the same masters quantize to the same bytes) for the sampler.
+   one process would (bf16 copies of the same masters quantize to the same bytes) for the sampler; with
+   vLLM rank 0 broadcasts it (`broadcast_update`) and every engine loads it through vLLM's in-place
+   `reload_weights` (VLLMSampler.update_weights; a tensor-parallel engine's loaders take their shard).
 Checkpoints: sharded (DCP, safetensors, resharding on load) under <out>/checkpoint_sharded for
 `--resume`, and the consolidated single-process checkpoint <out>/checkpoint/model.safetensors that the
 workflow's later stages (eval, diagnose) read.
@@ -22,9 +27,17 @@ Model loading: rank 0 reads the checkpoint, the other ranks build the model on t
 the weights are broadcast shard by shard (`set_model_state_dict(broadcast_from_rank0=True)`), so a
 node holds one full copy in CPU memory, not N.
 
-Sampler: the built-in engine. The vLLM engine under torchrun needs vLLM's `external_launcher` executor
-(one engine per rank on the learner's process group, tensor/data parallel inside it) in
-minite/engines/vllm/engine.py; until then `engine: vllm` is refused here with that message.
+vLLM under torchrun: vLLM's `distributed_executor_backend="external_launcher"` (the documented way to
+run vLLM inside a torchrun job, and how TRL and verl colocate vLLM with a trainer). An in-process engine
+cannot run on rank 0 alone: vLLM builds its groups with `torch.distributed.new_group` over the
+default (learner's) process group, a collective every rank must join. So every rank builds one engine
+in its own process (no extra processes, weight updates by reference) with
+`tensor_parallel_size = rl.sampler.tensor_parallel_size` (tp): ranks r·tp .. r·tp+tp-1 form engine
+replica r, and there are world/tp replicas (`rl.sampler.data_parallel_size`, if set, must equal
+that). Each replica samples and evaluates its contiguous slice of the prompts. The engines' KV cache
+size: `MINITE_VLLM_MEMORY_FRACTION` (vLLM's gpu_memory_utilization: fraction of the GPU, or on CPU of
+the node's memory, per engine); default 0.3 on a GPU shared with the learner, 0.5 / local ranks on CPU
+(VLLM_CPU_KVCACHE_SPACE, if set, wins there).
 """
 
 from __future__ import annotations
@@ -84,6 +97,115 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def vllm_layout(sampler_cfg, world: int) -> tuple[int, int]:
+    """(tensor_parallel_size, replicas) of the vLLM engines of a train-dist job of `world` ranks."""
+    tp = sampler_cfg.tensor_parallel_size
+    if world % tp:
+        raise ConfigError(
+            f"train-dist: rl.sampler.tensor_parallel_size {tp} does not divide the {world} ranks (every rank "
+            "runs a shard of one vLLM engine)"
+        )
+    replicas = world // tp
+    if sampler_cfg.data_parallel_size not in (1, replicas):
+        raise ConfigError(
+            f"train-dist: rl.sampler.data_parallel_size {sampler_cfg.data_parallel_size} != {world} ranks / "
+            f"tensor_parallel_size {tp} = {replicas}: under torchrun every rank is in one engine replica; "
+            f"set data_parallel_size to {replicas} or leave it at 1"
+        )
+    return tp, replicas
+
+
+def split(n: int, parts: int, part: int) -> slice:
+    """Contiguous slice `part` of n items cut into `parts` (sizes differ by at most one)."""
+    base, extra = divmod(n, parts)
+    lo = part * base + min(part, extra)
+    return slice(lo, lo + base + (part < extra))
+
+
+def _memory_kwargs(local_world: int) -> dict[str, float]:
+    frac = os.environ.get("MINITE_VLLM_MEMORY_FRACTION")
+    if frac:
+        return {"gpu_memory_utilization": float(frac)}
+    if torch.cuda.is_available():
+        return {"gpu_memory_utilization": 0.3}
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return {}
+    return {"gpu_memory_utilization": 0.5 / local_world}
+
+
+def make_colocated_vllm(cfg, recipe, rank: int, world: int):
+    """Every rank: its vLLM engine (external launcher) on the sampler checkpoint that rank 0 writes."""
+    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
+    from minite.engines.vllm.engine import VLLMSampler
+
+    tp, _ = vllm_layout(cfg.sampler, world)
+    sampler_dir = Path(cfg.out_dir) / "sampler_checkpoint"
+    if rank == 0:  # <out> is on a file system every node sees (docs/cluster.md)
+        write_sampler_checkpoint(cfg.model_dir, sampler_dir, recipe)
+    dist.barrier()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return VLLMSampler(
+        sampler_dir,
+        recipe,
+        dtype=cfg.sampler.dtype,
+        seed=cfg.seed,
+        max_model_len=cfg.sampler.max_model_len,
+        distributed_executor_backend="external_launcher",
+        tensor_parallel_size=tp,
+        **_memory_kwargs(local_world),
+    )
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def broadcast_update(update, *, src: int = 0, bucket_bytes: int = 256 << 20):
+    """The WeightUpdate of rank `src` on every rank (a collective). Tensors travel as raw bytes
+    (any dtype, FP8 scales and packed FP4 included) in buckets of at most `bucket_bytes` (one tensor
+    larger than that goes alone), so the copies are bit-exact."""
+    from minite.distributed.trainer import comm_device
+    from minite.engines.base import WeightUpdate
+
+    me = dist.get_rank()
+    meta = None
+    if me == src:
+        meta = (update.version, [(n, t.dtype, tuple(t.shape)) for n, t in update.tensors.items()])
+    box = [meta]
+    dist.broadcast_object_list(box, src=src)
+    version, meta = box[0]
+    dev = comm_device()
+
+    def nbytes(entry) -> int:
+        _, dtype, shape = entry
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return -(-n // 16) * 16  # 16-byte aligned offsets: every dtype view is legal
+
+    out: dict[str, torch.Tensor] = {}
+    i = 0
+    while i < len(meta):
+        j, size = i + 1, nbytes(meta[i])
+        while j < len(meta) and size + nbytes(meta[j]) <= bucket_bytes:
+            size += nbytes(meta[j])
+            j += 1
+        buf = torch.zeros(size, dtype=torch.uint8, device=dev)
+        if me == src:
+            off = 0
+            for entry in meta[i:j]:
+                b = _as_bytes(update.tensors[entry[0]])
+                buf[off : off + b.numel()].copy_(b)
+                off += nbytes(entry)
+        dist.broadcast(buf, src=src)
+        if me != src:
+            host, off = buf.cpu(), 0
+            for name, dtype, shape in meta[i:j]:
+                n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                out[name] = host[off : off + n].view(dtype).reshape(shape)
+                off += nbytes((name, dtype, shape))
+        i = j
+    return update if me == src else WeightUpdate(out, version)
+
+
 def train_distributed(
     cfg, *, resume: bool = False, progress: bool = True, activation_checkpointing: bool = False
 ) -> dict[str, Any] | None:
@@ -119,11 +241,9 @@ def train_distributed(
     from minite.rl.task import load_jsonl, reward
 
     rank, world, device = init_distributed()
-    if cfg.sampler.engine != "builtin":
-        raise ConfigError(
-            "train-dist: rl.sampler.engine must be 'builtin' for now; the vLLM sampler under torchrun "
-            "needs VLLMSampler in external_launcher mode (see docs/cluster.md)"
-        )
+    colocated = cfg.sampler.engine == "vllm"  # every rank runs a vLLM engine (module docstring)
+    tp, replicas = vllm_layout(cfg.sampler, world) if colocated else (1, 1)
+    replica = rank // tp
     rows = cfg.rollout.prompts_per_step * cfg.grpo.group_size
     if rows % world:
         raise ConfigError(f"prompts_per_step × group_size = {rows} rows do not split over {world} ranks")
@@ -165,20 +285,52 @@ def train_distributed(
             metrics_path.unlink()
         _truncate_metrics(metrics_path, start)
 
-    # rank 0: the sampler and an export copy of the model (the trainer's numerics, unsharded)
+    # rank 0: an export copy of the model (the trainer's numerics, unsharded) and the built-in sampler;
+    # with vLLM every rank runs an engine
     sampler = exporter = None
     if rank == 0:
         exporter = AutoModelForCausalLM.from_config(mcfg, dtype=torch.float32)
         exporter.set_experts_implementation("eager")
         apply_numerics(exporter, recipe.trainer, seed=cfg.seed)
         set_compute_dtype(exporter, trainer.dtype)
-        sampler = make_sampler(cfg, mcfg, recipe, tokenizer)
+        if not colocated:
+            sampler = make_sampler(cfg, mcfg, recipe, tokenizer)
+    if colocated:
+        sampler = make_colocated_vllm(cfg, recipe, rank, world)
 
     def sync_weights(version: int) -> None:
         weights = full_state_dict(trainer.model)  # a collective: every rank takes part
+        update = None
         if rank == 0:
             exporter.load_state_dict(weights)
-            sampler.update_weights(export_weights(exporter, recipe, version=version))
+            update = export_weights(exporter, recipe, version=version)
+        if colocated:
+            update = broadcast_update(update)
+        if sampler is not None:
+            sampler.update_weights(update)
+
+    def sample(prompts: list[list[int]], params: SamplingParams):
+        """Rank 0: every prompt's completions (built-in: rank 0 samples all; vLLM: each replica its
+        slice, gathered). Other ranks: None."""
+        if not colocated:
+            return sampler.generate(prompts, params) if rank == 0 else None
+        part = split(len(prompts), replicas, replica)
+        groups = sampler.generate(prompts[part], params, first_index=part.start)
+        parts = [None] * world if rank == 0 else None
+        dist.gather_object(groups if rank % tp == 0 else None, parts, dst=0)
+        return [g for r in range(0, world, tp) for g in parts[r]] if rank == 0 else None
+
+    def accuracy(examples) -> float | None:
+        """Greedy eval accuracy on rank 0 (None elsewhere); vLLM replicas each take a slice."""
+        if not colocated:
+            if rank != 0:
+                return None
+            return evaluate_accuracy(sampler, tokenizer, examples, cfg.eval.max_new_tokens)
+        part = examples[split(len(examples), replicas, replica)]
+        hits = round(evaluate_accuracy(sampler, tokenizer, part, cfg.eval.max_new_tokens) * len(part))
+        counts = [None] * world if rank == 0 else None
+        dist.gather_object(hits if rank % tp == 0 else 0, counts, dst=0)
+        return sum(counts) / max(1, len(examples)) if rank == 0 else None
 
     sync_weights(start)
     train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")
@@ -197,18 +349,18 @@ def train_distributed(
             t0 = time.perf_counter()
             trainer.seeds.set_step(step)
             payload = None
+            rng = random.Random(cfg.seed * 1_000_003 + step)  # the same prompts on every rank
+            exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
+            prompts = [encode_prompt(tokenizer, e.prompt) for e in exs]
+            params = SamplingParams(
+                n=group,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                temperature=cfg.rollout.temperature,
+                seed=cfg.seed * 1_000_003 + step,
+                stop_token_ids=(tokenizer.eos_token_id,),
+            )
+            groups = sample(prompts, params)
             if rank == 0:
-                rng = random.Random(cfg.seed * 1_000_003 + step)
-                exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
-                prompts = [encode_prompt(tokenizer, e.prompt) for e in exs]
-                params = SamplingParams(
-                    n=group,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    temperature=cfg.rollout.temperature,
-                    seed=cfg.seed * 1_000_003 + step,
-                    stop_token_ids=(tokenizer.eos_token_id,),
-                )
-                groups = sampler.generate(prompts, params)
                 completions = [c for g in groups for c in g]
                 rewards = torch.tensor(
                     [
@@ -248,6 +400,9 @@ def train_distributed(
             t_learn = time.perf_counter()
             sync_weights(step + 1)
             is_last = step + 1 == cfg.steps
+            acc = None
+            if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
+                acc = accuracy(eval_set)  # every rank takes part (vLLM replicas)
             if rank == 0:
                 gap = mismatch_metrics(logp_all, batch.sampler_logp, batch.mask)
                 record: dict[str, Any] = {
@@ -260,10 +415,8 @@ def train_distributed(
                     **{f"mismatch/{k}": v for k, v in gap.items()},
                     **{f"train/{k}": v for k, v in stats.items()},
                 }
-                if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
-                    record["eval/accuracy"] = evaluate_accuracy(
-                        sampler, tokenizer, eval_set, cfg.eval.max_new_tokens
-                    )
+                if acc is not None:
+                    record["eval/accuracy"] = acc
                 bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
                 if bad and any(k.startswith("train/") for k in bad):
                     raise FloatingPointError(f"step {step}: non-finite {bad}")

@@ -45,3 +45,31 @@ def test_bad_config_stops_with_an_actionable_message(workdir):
     assert res.returncode != 0
     out = res.stderr + res.stdout  # snakemake prints workflow errors on stdout
     assert "rl.stpes" in out and "did you mean 'steps'" in out
+
+
+def _rl_commands(stdout: str) -> list[str]:
+    return [ln for ln in stdout.splitlines() if ln.startswith("Shell command:") and " minite.cli train" in ln]
+
+
+@pytest.mark.parametrize(
+    ("config", "threads", "nproc"),
+    [
+        (["profile=test"], 1, None),  # one process: `minite train`, unchanged
+        (["profile=test", "jobs={rl: {threads: 4, processes: 2}}"], 2, 2),  # 4 threads over 2 processes
+        (["profile=paper"], 8, 8),  # jobs.rl: 8 GPUs, 64 threads -> 8 processes (one per GPU)
+    ],
+)
+def test_rl_rule_launches_train_dist_for_multi_process_jobs(config, threads, nproc, workdir):
+    # --cores 64: Snakemake grants each job its profile threads, which the processes then split
+    res = snakemake("-n", "-p", "--cores", "64", "--config", *config, workdir=workdir, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    cmds = _rl_commands(res.stdout)
+    n_runs = sum(1 for r, _ in planned_jobs(res.stdout) if r == "rl")
+    assert len(cmds) == n_runs > 0
+    for cmd in cmds:
+        assert f"OMP_NUM_THREADS={threads} " in cmd, cmd
+        if nproc is None:
+            assert "minite.cli train --config " in cmd and "train-dist" not in cmd, cmd
+        else:  # torchrun through the verb, with the arguments of `minite train`
+            assert f"minite.cli train-dist --nproc-per-node {nproc} --config " in cmd, cmd
+        assert "--mlflow-experiment" in cmd and "--out results/" in cmd

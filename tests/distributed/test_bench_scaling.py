@@ -1,0 +1,90 @@
+"""`minite bench-scaling` on CPU: torchrun with 1 and 2 gloo processes, toy Qwen3-MoE shapes, one
+global batch. The 2-process FSDP2 update computes what the 1-process one computes (log-probs equal
+before the step; after one AdamW step equal for round-to-nearest recipes, while the minite recipe's
+stochastic rounding draws differently over another split), and the report is complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minite.distributed.scaling import ScalingSpec, model_config, recipe_of
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_scaling_one_and_two_gloo_processes(tmp_path):
+    out = tmp_path / "scaling.json"
+    cmd = [sys.executable, "-m", "minite.cli", "bench-scaling", "--configs", "toy"]
+    cmd += ["--recipes", "bf16", "minite", "minite+rne", "--procs", "1", "2", "--batch", "4"]
+    cmd += [
+        "--prompt-len",
+        "8",
+        "--completion-len",
+        "8",
+        "--micro-batch",
+        "2",
+        "--warmup",
+        "0",
+        "--iters",
+        "2",
+    ]
+    cmd += ["--repeat-base", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["procs"] == report["done_procs"] == [1, 2] and report["device"]["backend"] == "gloo"
+    # two 1-process runs: the CPU is deterministic, so the noise floor of the checks below is 0
+    floor = report["noise_floor_1_vs_1"]
+    assert len(floor) == 6 and set(floor.values()) == {0.0}, floor
+    env = report["environment"]
+    assert (
+        env["command"].startswith("minite bench-scaling --configs toy") and env["git_commit"] and env["date"]
+    )
+    rows = {(r["recipe"], r["world_size"]): r for r in report["rows"]}
+    assert set(rows) == {(r, n) for r in ("bf16", "minite", "minite_rne") for n in (1, 2)}
+    for (recipe, _n), r in rows.items():
+        assert r["tokens"] == 4 * 16 and r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[(recipe, 1)]["tokens_per_s"])
+        assert r["logp_max_abs_diff_update0"] == 0.0  # same weights, same micro-batches: identical
+        assert r["loss_abs_diff_update0"] <= 1e-6  # the forward and the loss: before any gradient
+        assert r["logp_max_change_by_step"] > 1e-4  # the step moves the log-probs the check compares
+    for recipe in ("bf16", "minite_rne"):  # gradients and the step: fp32 rounding of the sums at most
+        assert rows[(recipe, 2)]["grad_norm_rel_diff_update0"] <= 1e-5, recipe
+        assert rows[(recipe, 2)]["logp_max_abs_diff_update1"] <= 1e-5, recipe
+    # stochastic rounding: another (equally unbiased) draw over another split
+    assert rows[("minite", 2)]["grad_norm_rel_diff_update0"] > 1e-5
+    assert rows[("minite", 2)]["logp_max_abs_diff_update1"] > 0
+    md = out.with_suffix(".md").read_text()
+    assert "| toy | 2 |" in md and "minite_rne" in md and env["git_commit"] in md
+
+
+def test_spec_rejects_a_batch_that_splits_differently():
+    with pytest.raises(ValueError, match="micro-batches"):
+        ScalingSpec(batch=12, micro_batch=4).check([1, 2])
+    ScalingSpec(batch=16, micro_batch=4).check([1, 2, 4])
+
+
+def test_configs_and_recipe_variants():
+    q = model_config("qwen3-30b-a3b")  # the real layer shapes, 4 layers unless told
+    assert (q.hidden_size, q.num_attention_heads, q.num_key_value_heads, q.head_dim) == (2048, 32, 4, 128)
+    assert (q.num_experts, q.num_experts_per_tok, q.moe_intermediate_size, q.vocab_size) == (
+        128,
+        8,
+        768,
+        151936,
+    )
+    assert q.num_hidden_layers == 4 and model_config("qwen3-30b-a3b", 2).num_hidden_layers == 2
+    h = model_config("h200")  # the h200 profile's prepare.model
+    assert (h.hidden_size, h.num_hidden_layers, h.num_experts, h.num_experts_per_tok) == (1024, 12, 32, 4)
+    with pytest.raises(ValueError, match="not tiny"):
+        model_config("paper")
+    r = recipe_of("minite+rne")
+    assert r.name == "minite_rne" and recipe_of("minite").trainer.wgrad_grad.rounding == "stochastic"
+    assert r.trainer.wgrad_grad.rounding == r.trainer.dgrad_grad.rounding == "rne"
+    assert r.trainer.fprop_act == recipe_of("minite").trainer.fprop_act
