@@ -2,8 +2,10 @@
 
     quantize.py      fused quantize (1x16 / 16x16, tensor / row / static scope, RNE / stochastic, RHT,
                      transposed, batched, grouped by expert)       <- minite.numerics.quantize
-    gemm.py          W4A4 GEMM (dequantize in registers, fp16 MMA, fp32 accumulate), decode config,
-                     batch-invariant config                        <- minite.numerics.nvfp4_matmul_ref
+    gemm.py          W4A4 GEMM (dequantize in registers, fp16 MMA, fp32 accumulate), batch-invariant
+                     config, dequantize-to-fp16 + cuBLAS path      <- minite.numerics.nvfp4_matmul_ref
+    decode.py        few-row (M <= 16) W4A4 GEMM: weights streamed once, K sliced over warps, split-K
+                     reduced in the same launch in a fixed order   <- minite.numerics.nvfp4_matmul_ref
     grouped_gemm.py  grouped W4A4 GEMMs for MoE experts: forward/dgrad and wgrad
     moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
 
@@ -13,6 +15,7 @@ picks the kernels for CUDA tensors and the reference otherwise.
 """
 
 from ._triton import HAS_TRITON, TritonUnavailableError
+from .decode import DECODE_KERNEL_CONFIG, DecodeConfig
 from .gemm import BATCH_INVARIANT_CONFIG, DECODE_CONFIG, GemmConfig, nvfp4_matmul, pick_config
 from .grouped_gemm import nvfp4_grouped_matmul, nvfp4_grouped_wgrad
 from .quantize import (
@@ -26,6 +29,8 @@ from .quantize import (
 __all__ = [
     "BATCH_INVARIANT_CONFIG",
     "DECODE_CONFIG",
+    "DECODE_KERNEL_CONFIG",
+    "DecodeConfig",
     "HAS_TRITON",
     "GemmConfig",
     "TritonUnavailableError",

@@ -18,6 +18,14 @@ The codecs here are bit-level, so they give the same bits on the GPU and in the 
   the power of two 2^-18 (2^-9 per operand) that the GEMM epilogue takes back (exact as well).
   The bits are built directly: a nibble s e1 e0 m placed at float16 bits 15 and 11..9 is the E2M1
   value times 2^-14, and an E4M3 byte shifted left by 7 is the E4M3 value times 2^-8.
+- `_dequant_pair_bytes(p, scale_bytes, CVT)`: the same values, but the E4M3 scale *bytes* go into the
+  PTX, which converts them itself (23-27 instructions per 8 elements, against ~60 when Triton builds
+  per-element float16 scale registers from converted scales). CVT=True converts the scale bytes with
+  `cvt.rn.f16x2.e4m3x2` (sm_89+; exact for every byte, NaN and sign included). CVT=False builds
+  the float16 bits by shifts, exact for scale bytes 0x00..0x7E (every scale a quantizer writes);
+  NaN (0x7F, 0xFF) and negative scale bytes come out wrong there, so `_w4a4_mainloop` (DEQ=1)
+  keeps a running max of the scale bytes it read and, if any is >= 0x7F, recomputes the tile with
+  the exact decoder (a uniform branch, never taken on quantizer output).
 """
 
 from __future__ import annotations
@@ -217,6 +225,79 @@ if HAS_TRITON:
     """
     )
 
+    # 4 packed bytes ($4) and their 4 scale bytes ($5, one per packed byte) -> float16 e2m1*e4m3*2^-9:
+    # $0, $1 the low nibbles of bytes (0, 1), (2, 3); $2, $3 the high nibbles. Nibbles: with a byte in
+    # the high half of a 16-bit lane (prmt), the high nibble's sign sits at bit 15 and its code at
+    # 14..12 (>> 3 -> 11..9: e2m1 * 2^-14 as float16 bits); the low nibbles are the high nibbles of
+    # (p << 4) (the bits shifted in from the byte below are masked off). Scales, _SCALE_SHIFT: a byte
+    # in the high half of a lane, >> 1, is b << 7 = e4m3 * 2^-8 as float16 bits (bytes < 0x80), times
+    # 2^13; _SCALE_CVT: cvt.rn.f16x2.e4m3x2 (exact for every byte), times 2^5. Both checked against
+    # the reference decode by a numpy emulation of these instructions (cvt: by its definition).
+    _NIBBLES_PTX = """
+    shl.b32 t0, $4, 4;
+    prmt.b32 u0, $4, 0, 0x1404;
+    prmt.b32 u1, $4, 0, 0x3424;
+    prmt.b32 t1, t0, 0, 0x3424;
+    prmt.b32 t0, t0, 0, 0x1404;
+    shr.b32 a, t0, 3; and.b32 g, t0, 0x80008000; and.b32 a, a, 0x0E000E00; or.b32 a, a, g;
+    mul.rn.f16x2 $0, a, s0;
+    shr.b32 a, t1, 3; and.b32 g, t1, 0x80008000; and.b32 a, a, 0x0E000E00; or.b32 a, a, g;
+    mul.rn.f16x2 $1, a, s1;
+    shr.b32 a, u0, 3; and.b32 g, u0, 0x80008000; and.b32 a, a, 0x0E000E00; or.b32 a, a, g;
+    mul.rn.f16x2 $2, a, s0;
+    shr.b32 a, u1, 3; and.b32 g, u1, 0x80008000; and.b32 a, a, 0x0E000E00; or.b32 a, a, g;
+    mul.rn.f16x2 $3, a, s1;
+    }
+    """
+    _SCALE_SHIFT = """
+    {
+    .reg .b32 t0, t1, u0, u1, s0, s1, a, g, k;
+    mov.b32 k, 0x70007000;
+    prmt.b32 s0, $5, 0, 0x1404;
+    prmt.b32 s1, $5, 0, 0x3424;
+    shr.b32 s0, s0, 1;
+    shr.b32 s1, s1, 1;
+    mul.rn.f16x2 s0, s0, k;
+    mul.rn.f16x2 s1, s1, k;
+    """
+    _SCALE_CVT = """
+    {
+    .reg .b16 sl, sh;
+    .reg .b32 t0, t1, u0, u1, s0, s1, a, g, k;
+    mov.b32 k, 0x50005000;
+    mov.b32 {sl, sh}, $5;
+    cvt.rn.f16x2.e4m3x2 s0, sl;
+    cvt.rn.f16x2.e4m3x2 s1, sh;
+    mul.rn.f16x2 s0, s0, k;
+    mul.rn.f16x2 s1, s1, k;
+    """
+    _DEQUANT_SHIFT_PTX = tl.constexpr(_SCALE_SHIFT + _NIBBLES_PTX)
+    _DEQUANT_CVT_PTX = tl.constexpr(_SCALE_CVT + _NIBBLES_PTX)
+
+    @triton.jit
+    def _dequant_pair_bytes(p, sb, ROWS: tl.constexpr, HALF_K: tl.constexpr, CVT: tl.constexpr):
+        """Both nibbles of p uint8 (ROWS, HALF_K) as float16 e2m1 * e4m3 * 2^-9 (low, high), from the
+        raw scale bytes sb uint8 (ROWS, HALF_K // 8). GPU only; CVT=False is exact for bytes < 0x7F."""
+        s = tl.reshape(tl.broadcast_to(sb[:, :, None], (ROWS, HALF_K // 8, 8)), (ROWS, HALF_K))
+        if CVT:
+            return tl.inline_asm_elementwise(
+                _DEQUANT_CVT_PTX,
+                "=r,=r,=r,=r,r,r",
+                [p, s],
+                dtype=(tl.float16, tl.float16),
+                is_pure=True,
+                pack=4,
+            )
+        else:
+            return tl.inline_asm_elementwise(
+                _DEQUANT_SHIFT_PTX,
+                "=r,=r,=r,=r,r,r",
+                [p, s],
+                dtype=(tl.float16, tl.float16),
+                is_pure=True,
+                pack=4,
+            )
+
     @triton.jit
     def _dequant_pair(p, s, ROWS: tl.constexpr, HALF_K: tl.constexpr, ASM: tl.constexpr):
         """Both nibbles of p uint8 (ROWS, HALF_K) as float16 e2m1 * e4m3 * 2^-9 (low, high); s float16
@@ -237,7 +318,7 @@ if HAS_TRITON:
         return lo, hi
 
     @triton.jit
-    def _w4a4_mainloop(
+    def _w4a4_mainloop_exact(
         a_q,
         a_s,
         b_q,
@@ -251,13 +332,6 @@ if HAS_TRITON:
         ASM: tl.constexpr,
         NUM_STAGES: tl.constexpr,
     ):
-        """sum over k in [k_lo, k_hi) (multiples of 16) of A[:, k] B[:, k], float32, times 2^-18.
-
-        a_q / b_q: pointers (rows, BLOCK_K // 2) to the packed bytes of element 0 of each row (the
-        columns are arange(BLOCK_K // 2)); a_s / b_s: the same for the scale bytes (BLOCK_K // 16).
-        Every row pointer must be valid (callers clamp out-of-range rows onto real ones and drop
-        them at the store), so only K needs a mask, and none when EVEN_K (k_hi - k_lo a multiple of
-        BLOCK_K): unmasked loads vectorize and skip a predicate per element."""
         HK: tl.constexpr = BLOCK_K // 2
         SK: tl.constexpr = BLOCK_K // 16
         kb = tl.arange(0, HK)
@@ -280,6 +354,94 @@ if HAS_TRITON:
             b_lo, b_hi = _dequant_pair(bp, _e4m3_to_f16_x32(bsb), BLOCK_N, HK, ASM)
             acc = tl.dot(a_lo, tl.trans(b_lo), acc)
             acc = tl.dot(a_hi, tl.trans(b_hi), acc)
+        return acc
+
+    @triton.jit
+    def _w4a4_mainloop_fast(
+        a_q,
+        a_s,
+        b_q,
+        b_s,
+        k_lo,
+        k_hi,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+        CVT: tl.constexpr,
+    ):
+        """_w4a4_mainloop_exact with the byte-scale decoder; also returns the largest scale byte read
+        (0 with CVT, which needs no check)."""
+        HK: tl.constexpr = BLOCK_K // 2
+        SK: tl.constexpr = BLOCK_K // 16
+        kb = tl.arange(0, HK)
+        ks = tl.arange(0, SK)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        amax_a = tl.zeros((BLOCK_M, SK), dtype=tl.uint8)
+        amax_b = tl.zeros((BLOCK_N, SK), dtype=tl.uint8)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            if EVEN_K:
+                ap = tl.load(a_q + k0 // 2)
+                asb = tl.load(a_s + k0 // 16)
+                bp = tl.load(b_q + k0 // 2)
+                bsb = tl.load(b_s + k0 // 16)
+            else:
+                qk = ((k0 // 2 + kb) < k_hi // 2)[None, :]
+                sk = ((k0 // 16 + ks) < k_hi // 16)[None, :]
+                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
+                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
+                bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
+                bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
+            if not CVT:
+                amax_a = tl.maximum(amax_a, asb)
+                amax_b = tl.maximum(amax_b, bsb)
+            a_lo, a_hi = _dequant_pair_bytes(ap, asb, BLOCK_M, HK, CVT)
+            b_lo, b_hi = _dequant_pair_bytes(bp, bsb, BLOCK_N, HK, CVT)
+            acc = tl.dot(a_lo, tl.trans(b_lo), acc)
+            acc = tl.dot(a_hi, tl.trans(b_hi), acc)
+        return acc, tl.maximum(tl.max(tl.max(amax_a, axis=1), axis=0), tl.max(tl.max(amax_b, axis=1), axis=0))
+
+    @triton.jit
+    def _w4a4_mainloop(
+        a_q,
+        a_s,
+        b_q,
+        b_s,
+        k_lo,
+        k_hi,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        ASM: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+        DEQ: tl.constexpr,
+    ):
+        """sum over k in [k_lo, k_hi) (multiples of 16) of A[:, k] B[:, k], float32, times 2^-18.
+
+        a_q / b_q: pointers (rows, BLOCK_K // 2) to the packed bytes of element 0 of each row (the
+        columns are arange(BLOCK_K // 2)); a_s / b_s: the same for the scale bytes (BLOCK_K // 16).
+        Every row pointer must be valid (callers clamp out-of-range rows onto real ones and drop
+        them at the store), so only K needs a mask, and none when EVEN_K (k_hi - k_lo a multiple of
+        BLOCK_K): unmasked loads vectorize and skip a predicate per element.
+
+        DEQ (GPU, with ASM; 0 elsewhere): 0 the exact decoder with float16 scale registers; 1 the
+        byte-scale decoder with shifts, and if any scale byte read was NaN or negative (>= 0x7F) the
+        tile is recomputed with the exact decoder, so the result is the same; 2 the byte-scale
+        decoder with cvt.rn.f16x2.e4m3x2 (exact for every byte)."""
+        if DEQ != 0 and ASM:
+            acc, smax = _w4a4_mainloop_fast(
+                a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, NUM_STAGES, DEQ == 2
+            )
+            if smax >= 127:
+                acc = _w4a4_mainloop_exact(
+                    a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES
+                )
+        else:
+            acc = _w4a4_mainloop_exact(
+                a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES
+            )
         return acc
 
     @triton.jit

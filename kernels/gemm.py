@@ -12,10 +12,17 @@ saves interleaving the nibbles.
 
 Configs are fixed functions of the shape (no autotuning: a run must not pick another summation order
 because a timing came out differently):
-- decode (M <= 16): BLOCK_M = 16 (mma.sync) and K split over several programs (`split_for`) so that
-  enough of them stream the 4-bit weights; the partial sums land in a workspace and one epilogue
-  kernel adds them in a fixed order. `swap_ab` computes the transposed product instead (weights on
-  the wgmma's 64-row side); it measured slower on the H200 and is kept as an option.
+- decode (M <= 16): above DECODE_KERNEL_MIN_NK weights (or with method="decode") the dedicated
+  kernel of decode.py (one launch, K sliced over warps, split-K reduced in-kernel in a fixed order);
+  at or below it this kernel with DECODE_CONFIG (BLOCK_M = 16 mma.sync, K split over programs by
+  `split_for`, partial sums added by the epilogue kernel), which measured as fast there. `swap_ab`
+  computes the transposed product instead (weights on the wgmma's 64-row side); it measured slower
+  on the H200 and is kept as an option.
+- decoders (GemmConfig.dequant, GPU): 2 (default) passes the raw E4M3 scale bytes into the PTX,
+  which converts them with cvt.rn.f16x2.e4m3x2 (exact for every byte); 1 builds the float16 bits by
+  shifts and re-runs the tile exactly if a NaN or negative scale byte was read; 0 is the previous
+  decoder (float16 scale registers built by Triton). On the H200 (results/bench/kernels_h200.json)
+  2 took the grouped forward from 0.902 to 0.841 ms and the 8192^3 fused kernel to 3.21 ms.
 - prefill: 128x256 tiles (wgmma, two warpgroups).
 - batch_invariant=True: one config for every M (its K split depends on N and K only), so every output
   element is produced by the same sequence of instructions whatever M is and whatever the other rows
@@ -41,6 +48,7 @@ from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import NVFP4Tensor
 
 from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
+from .decode import DECODE_MAX_M, DecodeConfig, decode_matmul
 
 if HAS_TRITON:
     from ._triton import _decode_scale, _dequant_pair, _e4m3_to_f16_x32, _w4a4_mainloop
@@ -57,6 +65,8 @@ class GemmConfig:
     asm_dequant: bool = True  # the PTX nibble decoder on the GPU (the interpreter always runs Triton ops)
     split_k: int = 1  # K split over this many programs; partial sums added in a fixed order afterwards
     swap_ab: bool = False  # few rows: compute (B Aᵀ)ᵀ so the weights fill the MMA's 64-row side
+    dequant: int = 2  # GPU decoder (_triton._w4a4_mainloop DEQ): 0 float16 scale registers, 1 byte scales by
+    # shifts (exact re-run on NaN/negative scales), 2 byte scales by cvt.rn.f16x2.e4m3x2
 
     def __post_init__(self) -> None:
         if self.block_k % 32 or self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
@@ -65,9 +75,14 @@ class GemmConfig:
             )
         if self.swap_ab and self.block_m != 16:
             raise ValueError(f"GemmConfig: swap_ab computes 16 activation rows a program, got {self}")
+        if self.dequant not in (0, 1, 2):
+            raise ValueError(f"GemmConfig: dequant must be 0, 1 or 2, got {self.dequant}")
 
     def use_asm(self) -> bool:
         return self.asm_dequant and not interpret_mode()
+
+    def deq(self) -> int:
+        return self.dequant if self.use_asm() else 0
 
 
 # Chosen on the H200 from the sweeps in results/bench/kernels_h200.json (same run, 2026-11-30); the
@@ -75,7 +90,9 @@ class GemmConfig:
 # decode, M=16, activation pre-quantized, CUDA graph: this config with split 4 ran N=K=4096 in 14.0 us
 # and N=K=8192 in 37.8 us (cuBLAS bf16: 13.5 / 33.5 us); the swap_ab variant 16x128x128 split 8 took
 # 16.1 / 43.2 us, with split 16 38.2 us at 4096.
-DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1)
+# Since 2026-11-30 (second H200 run) the auto path uses it for M <= 16 at N*K <= DECODE_KERNEL_MIN_NK
+# only, with the float16-scale decoder it was measured with there (13.74 / 14.00 us at N=K=4096).
+DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
 SMALL_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
 # M=N=K=8192 fused: 3.28 ms = 335 TFLOP/s (0.47x cuBLAS); 128x256x128 w8 s4 3.29 ms, 256x128x128
 # 3.87 ms, s2 3.50 ms, group_m=16 3.18 ms. method="cublas" (the default at this size) 1.64 ms.
@@ -83,6 +100,11 @@ LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
+# M <= 16: the decode kernel (decode.py) above this many weights, the fused DECODE_CONFIG path at or
+# below. H200, CUDA graph (results/bench/kernels_h200.json): N=K=4096 decode kernel 15.74 / 13.85 us
+# (M=1 / 16), fused split-4 path 13.74 / 14.00 us; N=K=8192 decode kernel 32.84 / 29.42 us, fused
+# 37.07 / 37.65 us. Both are deterministic and independent of M.
+DECODE_KERNEL_MIN_NK = 4096 * 4096
 
 
 @functools.cache
@@ -148,6 +170,7 @@ if HAS_TRITON:
         GROUP_M: tl.constexpr,
         ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
+        DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         SPLIT_K: tl.constexpr,
@@ -191,6 +214,7 @@ if HAS_TRITON:
             EVEN_K,
             DEQUANT_ASM,
             NUM_STAGES,
+            DEQ,
         )
         if SPLIT_K > 1:  # partial sums to the workspace (SPLIT_K, M, N); _gemm_epilogue_kernel adds them
             w_ptrs = ws_ptr + (tl.program_id(1) * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
@@ -229,6 +253,7 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
+        DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
     ):
@@ -260,6 +285,7 @@ if HAS_TRITON:
             EVEN_K,
             DEQUANT_ASM,
             NUM_STAGES,
+            DEQ,
         )
         w_ptrs = ws_ptr + (pid_k * M + rm.to(tl.int64))[None, :] * N + rn[:, None]
         tl.store(w_ptrs, acc_t, mask=nmask[:, None] & mmask[None, :])
@@ -430,6 +456,7 @@ def nvfp4_matmul(
     batch_invariant: bool = False,
     config: GemmConfig | None = None,
     method: str = "auto",
+    decode_config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """The kernel twin of minite.numerics.nvfp4_matmul_ref: A (..., M, K) @ B (N, K)ᵀ -> (..., M, N).
 
@@ -439,9 +466,12 @@ def nvfp4_matmul(
       fp16 GEMM with float32 accumulation and output, then the same epilogue kernel (scales, bias,
       cast). Same numerics class (exact products, float32 sums); faster for large compute-bound
       problems because cuBLAS's warp-specialized mainloop outruns the fused kernel there;
-    - "auto": "cublas" for problems of at least CUBLAS_MIN_MNK multiply-adds when not batch-invariant
-      and no config is given, else "fused". batch_invariant=True always runs the fused kernel with
-      its fixed config (cuBLAS picks its algorithm by shape)."""
+    - "decode": the few-row kernel of decode.py (M <= 16): one launch, weights streamed once, K
+      split with a deterministic in-kernel reduction (`decode_config` overrides its config);
+    - "auto": "decode" for M <= 16 and N*K > DECODE_KERNEL_MIN_NK, "cublas" for problems of at least
+      CUBLAS_MIN_MNK multiply-adds, else "fused", when not batch-invariant and no config is given.
+      batch_invariant=True always runs the fused kernel with its fixed config (cuBLAS picks its
+      algorithm by shape, and the decode kernel's MMA shape differs from the large-M one)."""
     require_triton("nvfp4_matmul")
     check_nvfp4(a, "nvfp4_matmul: A")
     check_nvfp4(b, "nvfp4_matmul: B")
@@ -451,8 +481,10 @@ def nvfp4_matmul(
         raise ValueError(f"nvfp4_matmul: B must be 2-D (N, K), got {tuple(b.shape)}")
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"nvfp4_matmul: out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
-    if method not in ("auto", "fused", "cublas"):
-        raise ValueError(f"nvfp4_matmul: method must be 'auto', 'fused' or 'cublas', got {method!r}")
+    if method not in ("auto", "fused", "cublas", "decode"):
+        raise ValueError(
+            f"nvfp4_matmul: method must be 'auto', 'fused', 'cublas' or 'decode', got {method!r}"
+        )
     check_device("nvfp4_matmul", a.qdata, b.qdata, bias)
     aq, as_, ags, a_row = rows_of(a, "nvfp4_matmul: A")
     bq, bs_, bgs, b_row = rows_of(b, "nvfp4_matmul: B")
@@ -467,6 +499,13 @@ def nvfp4_matmul(
     if method == "auto":
         big = m * n * k >= CUBLAS_MIN_MNK and config is None and not batch_invariant
         method = "cublas" if big and aq.is_cuda and _mm_fp32_out_ok(dev_index) else "fused"
+        if m <= DECODE_MAX_M and config is None and not batch_invariant and n * k > DECODE_KERNEL_MIN_NK:
+            method = "decode"
+    if method == "decode":
+        if batch_invariant:
+            raise ValueError("nvfp4_matmul: batch_invariant=True runs its one fused config for every M")
+        decode_matmul(aq, as_, ags, a_row, bq, bs_, bgs, b_row, bias, out, m, n, k, decode_config)
+        return out.reshape(*a.shape[:-1], n)
     if method == "cublas":
         if batch_invariant:
             raise ValueError(
@@ -503,6 +542,7 @@ def nvfp4_matmul(
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,
             DEQUANT_ASM=cfg.use_asm(),
+            DEQ=cfg.deq(),
             EVEN_K=k % cfg.block_k == 0,
             NUM_STAGES=cfg.num_stages,
             num_warps=cfg.num_warps,
@@ -540,6 +580,7 @@ def nvfp4_matmul(
         GROUP_M=cfg.group_m,
         ACC_SHIFT=ACC_SHIFT,
         DEQUANT_ASM=cfg.use_asm(),
+        DEQ=cfg.deq(),
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
@@ -554,6 +595,7 @@ def nvfp4_matmul(
 __all__ = [
     "BATCH_INVARIANT_CONFIG",
     "CUBLAS_MIN_MNK",
+    "DECODE_KERNEL_MIN_NK",
     "DECODE_CONFIG",
     "GemmConfig",
     "dequantize_f16",

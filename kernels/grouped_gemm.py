@@ -74,6 +74,7 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
+        DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
     ):
@@ -108,6 +109,7 @@ if HAS_TRITON:
             EVEN_K,
             DEQUANT_ASM,
             NUM_STAGES,
+            DEQ,
         )
         out = acc * ACC_SHIFT
         if A_GS_ROW:
@@ -145,6 +147,7 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
+        DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
     ):
@@ -176,6 +179,7 @@ if HAS_TRITON:
             EVEN_K,  # expert segments padded to whole K steps (nvfp4_quantize_segments_t(align=...))
             DEQUANT_ASM,
             NUM_STAGES,
+            DEQ,
         )
         out = acc * ACC_SHIFT
         out = out * _decode_scale(ags_ptr + e * stride_ags_e + rm * stride_ags_r, mmask)[:, None]
@@ -282,6 +286,7 @@ def nvfp4_grouped_matmul(
         BLOCK_K=cfg.block_k,
         ACC_SHIFT=ACC_SHIFT,
         DEQUANT_ASM=cfg.use_asm(),
+        DEQ=cfg.deq(),
         EVEN_K=k % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         num_warps=cfg.num_warps,
@@ -349,6 +354,7 @@ def nvfp4_grouped_wgrad(
         BLOCK_K=cfg.block_k,
         ACC_SHIFT=ACC_SHIFT,
         DEQUANT_ASM=cfg.use_asm(),
+        DEQ=cfg.deq(),
         EVEN_K=aligned,
         NUM_STAGES=cfg.num_stages,
         num_warps=cfg.num_warps,

@@ -18,6 +18,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     for _name in (
         "minite.kernels._triton",
         "minite.kernels.quantize",
+        "minite.kernels.decode",
         "minite.kernels.gemm",
         "minite.kernels.grouped_gemm",
         "minite.kernels.moe",

@@ -285,3 +285,45 @@ def test_clear_errors(device):
         nvfp4_quantize(torch.zeros(4, 32, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="2-D"):
         nvfp4_quantize(torch.zeros(2, 16, 16, device=device), transpose=True)
+
+
+@pytest.mark.parametrize("tile", [None, (2, 16, 2)], ids=["heuristic", "2x16w2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuantSpec(scope="row"),
+        QuantSpec(flavor="te"),
+        QuantSpec(flavor="vllm"),
+        QuantSpec(scope="row", pow2_global=True),
+    ],
+    ids=["row", "tensor-te", "tensor-vllm", "row-pow2"],
+)
+def test_fast_1x16_path_equals_general_kernel_and_reference(spec, dtype, tile, poison, monkeypatch, device):
+    """The 1x16 row-major fast path (_nvfp4_quant1x16_kernel) against the general kernel and the
+    reference, bit for bit: odd row counts, K = 16 / 48 / 400, non-finite and -0.0 values, forced
+    tiles that split rows over programs (tensor scope) or hold several rows (row scope)."""
+    from minite.kernels import quantize as kq
+
+    g = gen(31)
+    for rows, k in ((1, 16), (37, 48), (5, 400)):
+        x = blocky((rows, k), g).to(dtype)
+        x[0, min(5, k - 1)] = -0.0
+        if rows > 3:
+            x[3, 7] = float("nan")
+            x[2, k - 1] = float("-inf")
+        x = x.to(device)
+        monkeypatch.setattr(kq, "FAST_TILE_OVERRIDE", tile)
+        fast = nvfp4_quantize(x, spec)
+        monkeypatch.setattr(kq, "FAST_1X16", False)
+        general = nvfp4_quantize(x, spec)
+        monkeypatch.setattr(kq, "FAST_1X16", True)
+        general = type(general)(
+            general.qdata.cpu(),
+            general.scale.cpu(),
+            general.global_scale.cpu(),
+            general.spec,
+            general.orig_dtype,
+        )
+        _same(fast, general)
+        _same(fast, ref_quantize(x.cpu(), spec))
