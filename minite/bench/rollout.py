@@ -4,10 +4,11 @@ The engine: the built-in sampler's model (`minite.engines.sampler.BuiltinSampler
 Qwen3-MoE in bf16 with the recipe's *sampler* numerics swapped in), built directly on the device with a
 seeded random init, its NVFP4 weights put in place by the recipe's weight path (`export_weights` ->
 `load_weights`: a re-exported checkpoint for te_nvfp4, the trainer-exact bytes for minite; here exported
-from the sampler's own bf16 weights, as no trainer is running). The decode loop (`Decoder`) keeps every
-tensor on the device: a preallocated KV cache (`StaticKVCache`), a 4-D attention mask, and, on CUDA,
-the decode step captured once per batch size as a CUDA graph and replayed (transformers' forward
-launches hundreds of small kernels per layer; replaying removes the host from the loop). Sampling
+from the sampler's own bf16 weights, as no trainer is running). The decode loop is the built-in
+sampler's own GPU loop (`minite.engines.decode.Decoder`): every tensor on the device, a preallocated KV
+cache, a 4-D attention mask, and, on CUDA, the decode step captured once per batch size as a CUDA graph
+and replayed (transformers' forward launches hundreds of small kernels per layer; replaying removes the
+host from the loop). Sampling
 (softmax + multinomial at temperature 1, EOS disabled, every row generates `max_new_tokens`) runs
 outside the graph. The same step is also timed without the graph (`eager_step_ms`): the difference is
 the Python/launch overhead of the step.
@@ -31,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
 
 from minite.bench.learner import (
     EXTRAPOLATE_LAYERS,
@@ -43,6 +43,7 @@ from minite.bench.learner import (
     resolve_layers,
 )
 from minite.bench.throughput import Clock, bench_device, device_info, environment
+from minite.engines.decode import Decoder
 from minite.recipes import NumericsSpec, Recipe
 
 NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # packed E2M1 + one E4M3 scale per 16 elements
@@ -60,135 +61,6 @@ class RolloutConfig:
     eager_steps: int = 8
     # per batch size: stop after this many seconds of timed generations (at least one)
     max_seconds: float | None = None
-
-
-class StaticKVCache(Cache):
-    """A preallocated KV cache for transformers' attention modules: `update` writes the new keys/values
-    at `write_pos` (a device scalar the decode loop sets before each step, so a captured graph writes
-    where the loop says) and returns the whole buffers; the 4-D mask hides the unwritten slots."""
-
-    def __init__(self, layers, batch, kv_heads, head_dim, max_len, dtype, device) -> None:  # noqa: D107
-        # transformers' own layer objects are not used: only `update` is called by the attention
-        self.layers = []
-        self.offloading = False
-        self.max_len = int(max_len)
-        shape = (batch, kv_heads, self.max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.write_pos = torch.zeros((), dtype=torch.long, device=device)
-        self.seen = 0
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        idx = self.write_pos + torch.arange(key_states.shape[-2], device=key_states.device)
-        self.k[layer_idx].index_copy_(2, idx, key_states)
-        self.v[layer_idx].index_copy_(2, idx, value_states)
-        return self.k[layer_idx], self.v[layer_idx]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen
-
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
-        return self.max_len
-
-    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
-        return self.max_len, 0
-
-    @property
-    def is_compileable(self) -> bool:
-        return True
-
-
-class Decoder:
-    """Batched decoding of one model on its device (module docstring): prefill, then one step per token."""
-
-    def __init__(self, model, batch: int, max_len: int, device: torch.device) -> None:
-        cfg = model.config
-        self.model, self.batch, self.max_len, self.device = model, batch, max_len, device
-        dtype = next(model.parameters()).dtype
-        self.kv = StaticKVCache(
-            cfg.num_hidden_layers, batch, cfg.num_key_value_heads, cfg.head_dim, max_len, dtype, device
-        )
-        self.ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.mask = torch.zeros((batch, 1, 1, max_len), dtype=torch.bool, device=device)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.graph_logits: torch.Tensor | None = None
-
-    def _forward(self, ids, pos, mask) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=self.kv,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1]
-
-    @torch.no_grad()
-    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
-        """Logits of the last prompt position; prompts (B, P), no padding."""
-        p = prompt.shape[1]
-        self.kv.write_pos.fill_(0)
-        self.mask.zero_()
-        j = torch.arange(self.max_len, device=self.device)
-        keep = (j[None, :] <= torch.arange(p, device=self.device)[:, None]).expand(self.batch, 1, p, -1)
-        pos = torch.arange(p, device=self.device).expand(self.batch, -1)
-        logits = self._forward(prompt, pos, keep)
-        self.mask[..., :p] = True
-        return logits
-
-    @torch.no_grad()
-    def step_eager(self) -> torch.Tensor:
-        return self._forward(self.ids, self.pos, self.mask)
-
-    @torch.no_grad()
-    def capture(self) -> None:
-        """Record the decode step as a CUDA graph (after two warm-up steps on a side stream)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.step_eager()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.graph_logits = self.step_eager()
-        self.graph = graph
-
-    def step(self, use_graph: bool) -> torch.Tensor:
-        if use_graph and self.graph is not None:
-            self.graph.replay()
-            return self.graph_logits
-        return self.step_eager()
-
-    def set_next(self, tokens: torch.Tensor, position: int) -> None:
-        self.ids.copy_(tokens[:, None])
-        self.pos.fill_(position)
-        self.kv.write_pos.fill_(position)
-        self.mask[..., position] = True
-
-    @torch.no_grad()
-    def generate(
-        self, prompt: torch.Tensor, new_tokens: int, gen: torch.Generator, clock: Clock, use_graph: bool
-    ) -> dict[str, Any]:
-        """Sample `new_tokens` per row; returns the tokens and the prefill / decode times."""
-        p = prompt.shape[1]
-        out = torch.empty((self.batch, new_tokens), dtype=torch.long, device=self.device)
-        a = clock.mark()
-        logits = self.prefill(prompt)
-        b = clock.mark()
-        for t in range(new_tokens):
-            probs = torch.softmax(logits.float(), dim=-1)
-            tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            out[:, t] = tok
-            if t == new_tokens - 1:
-                break
-            self.set_next(tok, p + t)
-            logits = self.step(use_graph)
-        c = clock.mark()
-        clock.sync()
-        return {"tokens": out, "prefill_ms": clock.elapsed_ms(a, b), "decode_ms": clock.elapsed_ms(b, c)}
 
 
 # --- the engine --------------------------------------------------------------------------------------------

@@ -74,13 +74,16 @@ def prepare_local(sec: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def check_tiny(sec: dict[str, Any]) -> None:
     """Validate a `kind: tiny` section before anything is written: task and SFT fields (unknown keys
-    get a did-you-mean), model overrides (known Qwen3-MoE config keys, NVFP4-blockable dims)."""
+    get a did-you-mean), the SFT device (cuda where torch sees none), model overrides (known Qwen3-MoE
+    config keys, NVFP4-blockable dims)."""
+    from minite.engines.device import resolve_device
     from minite.models.tiny import build_tiny_config, check_nvfp4_dims
     from minite.rl.sft import SFTConfig
     from minite.rl.task import TaskConfig
 
     from_dict(TaskConfig, sec.get("task") or {}, where="prepare.task")
-    from_dict(SFTConfig, sec.get("sft") or {}, where="prepare.sft")
+    sft_cfg = from_dict(SFTConfig, sec.get("sft") or {}, where="prepare.sft")
+    resolve_device(sft_cfg.device, "prepare.sft.device")
     model = sec.get("model") or {}
     if not isinstance(model, dict):
         raise ConfigError(f"prepare.model: expected a mapping of model config overrides, got {model!r}")
@@ -116,7 +119,7 @@ def prepare_tiny_inline(sec: dict[str, Any], out: Path) -> dict[str, Any]:
     tok = build_tokenizer()
     model = build_tiny_model(build_tiny_config(**(sec.get("model") or {})), seed=task.seed)
     stats = sft(model, tok, train, sft_cfg)
-    save_model(model, tok, out / "base_model")
+    save_model(model.cpu(), tok, out / "base_model")
     stats.pop("losses", None)
     return {"kind": "tiny", "n_train": len(train), "n_eval": len(ev), "sft": stats}
 

@@ -53,6 +53,17 @@ def main(argv: list[str]) -> int:
         help="continue from <out>/checkpoint (verified by checksum; an error if there is none)",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="wall-clock budget: end early (final eval + checkpoint) when the next step would not fit",
+    )
+    p.add_argument(
+        "--eval-at-start",
+        action="store_true",
+        help="also measure the greedy eval accuracy of the starting weights (summary: eval_accuracy_initial)",
+    )
     p.add_argument("--mlflow-experiment", help="log the run to MLflow under this experiment")
     p.add_argument("--mlflow-run-name")
     add_set_arg(p)
@@ -62,7 +73,15 @@ def main(argv: list[str]) -> int:
         from minite.rl.loop import train
 
         cfg = build_config(args)
-        summary = train(cfg, resume=args.resume, progress=not args.no_progress)
+        if args.time_limit is not None and not args.time_limit > 0:
+            raise ConfigError(f"--time-limit must be a number of seconds > 0, got {args.time_limit}")
+        summary = train(
+            cfg,
+            resume=args.resume,
+            progress=not args.no_progress,
+            time_limit_s=args.time_limit,
+            eval_at_start=args.eval_at_start,
+        )
         if args.mlflow_experiment:
             from minite.tracking import log_run_dir
 
@@ -70,6 +89,7 @@ def main(argv: list[str]) -> int:
         print(
             f"minite train: {cfg.recipe} seed {cfg.seed}: reward {summary['reward_first']:.3f} -> "
             f"{summary['reward_last']:.3f}, mean |Δlogp| {summary['logp_abs_diff_mean_avg']:.3e}"
+            + (f", {summary['steps_done']} steps on {summary['device']}" if "steps_done" in summary else "")
         )
         return 0
 

@@ -4,15 +4,26 @@ For tests and machines without vLLM. It is a separate engine from the trainer in
 its own model copy in the sampler dtype (bf16), its own numerics (`recipe.sampler`), weights only
 through `WeightUpdate`, and incremental decoding (one token per step against a KV cache) where the
 trainer runs whole sequences.
+
+Device: the model lives on `device` (default: where it is built). On CPU generation is transformers'
+forward with a `DynamicCache`, one call per token; on CUDA it is `minite.engines.decode.Decoder`: a
+preallocated KV cache and the decode step replayed as a CUDA graph (one decoder per batch size, its
+graph captured again after a weight update that replaced tensors). `decode_loop="static"` runs the
+latter on any device (eager off CUDA), which is how tests check it on CPU. Sampling is seeded either way (a
+generator on the model's device seeded with `SamplingParams.seed`), so a generation is reproducible on
+the same device; CPU and CUDA draw different streams.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers import DynamicCache, PretrainedConfig, Qwen3MoeForCausalLM
 
 from minite.engines.base import Completion, SamplingParams, WeightUpdate
-from minite.engines.weight_sync import load_weights
+from minite.engines.decode import Decoder
+from minite.engines.weight_sync import drop_grouped_weight_caches, load_weights
 from minite.nn.swap import apply_numerics, routers
 from minite.recipes import Recipe
 
@@ -38,19 +49,37 @@ class BuiltinSampler:
         eos_token_id: int,
         pad_token_id: int,
         record_routing: bool = False,
+        device: torch.device | str | None = None,
+        cuda_graphs: bool = True,
+        max_len: int = 128,
+        decode_loop: str = "auto",
     ) -> None:
         self.recipe = recipe
         self.dtype = dtype
         self.eos, self.pad = eos_token_id, pad_token_id
         config = config.__class__.from_dict(config.to_dict())
         config._attn_implementation = "sdpa"
-        self.model = Qwen3MoeForCausalLM(config).to(dtype).eval()
-        # `.to(bf16)` also rounds the rotary inv_freq buffers; inference engines (vLLM) and the trainer
-        # keep them in fp32, so restore them (a diagnosis found this as a divergence at attention)
-        fresh = type(self.model.model.rotary_emb)(config)
+        # built on the device directly (no host copy); None: wherever torch builds it
+        place = torch.device(device) if device is not None else None
+        with torch.device(place) if place is not None and place.type != "cpu" else contextlib.nullcontext():
+            self.model = Qwen3MoeForCausalLM(config).to(dtype).eval()
+            # `.to(bf16)` also rounds the rotary inv_freq buffers; inference engines (vLLM) and the
+            # trainer keep them in fp32, so restore them (a diagnosis found this as a divergence at
+            # attention)
+            fresh = type(self.model.model.rotary_emb)(config)
         for name, buf in fresh.named_buffers():
             setattr(self.model.model.rotary_emb, name, buf)
         apply_numerics(self.model, recipe.sampler)
+        self.device = next(self.model.parameters()).device
+        if decode_loop not in ("auto", "dynamic", "static"):
+            raise ValueError(
+                f"BuiltinSampler: decode_loop must be auto, dynamic or static, got {decode_loop!r}"
+            )
+        # "static": minite.engines.decode (auto: on CUDA); "dynamic": transformers + DynamicCache (auto: CPU)
+        self.static = decode_loop == "static" or (decode_loop == "auto" and self.device.type == "cuda")
+        self.cuda_graphs = cuda_graphs
+        self.max_len = int(max_len)  # KV slots of a device decoder (grown when a call needs more)
+        self._decoders: dict[int, Decoder] = {}  # device decode loops, one per batch size
         self.record_routing = record_routing
         for r in routers(self.model):
             if hasattr(r, "record"):
@@ -60,14 +89,24 @@ class BuiltinSampler:
     def update_weights(self, update: WeightUpdate) -> None:
         load_weights(self.model, update)
         self.version = update.version
+        if self.device.type == "cuda" and self.recipe.sampler.quantized:
+            # NVFP4 weights arrive as new tensors: graphs captured on the old ones are stale, and so are
+            # the experts' stacked copies (minite.kernels.moe caches them by address)
+            for dec in self._decoders.values():
+                dec.release_graph()
+            drop_grouped_weight_caches(self.model)
 
     def close(self) -> None:
+        self._decoders.clear()
         self.model = None
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         rows = [p for p in prompts for _ in range(params.n)]
-        gen = torch.Generator().manual_seed(params.seed)
+        if self.device.type == "cpu":
+            gen = torch.Generator().manual_seed(params.seed)
+        else:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
 
         def choose(t: int, logits: torch.Tensor) -> torch.Tensor:
             if params.temperature == 0:
@@ -97,6 +136,7 @@ class BuiltinSampler:
         forced = torch.full((len(completions), width), self.pad, dtype=torch.long)
         for i, c in enumerate(completions):
             forced[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        forced = forced.to(self.device)
 
         def choose(t: int, logits: torch.Tensor) -> torch.Tensor:
             return forced[:, t]
@@ -110,6 +150,8 @@ class BuiltinSampler:
         """Batched incremental decoding. Returns tokens (B, T), their log-probs (B, T), lengths (B,)."""
         if self.version < 0:
             raise RuntimeError("BuiltinSampler: no weights loaded yet (call update_weights first)")
+        if self.static:
+            return self._decode_device(rows, max_new, choose, stops, lengths_from)
         ids, mask = left_pad(rows, self.pad)
         b = ids.shape[0]
         cache = DynamicCache()
@@ -159,3 +201,28 @@ class BuiltinSampler:
             step_pos = step_pos[:, -1:] + 1
             mask = torch.cat((mask, torch.ones((b, 1), dtype=mask.dtype)), dim=1)
         return out_tokens, out_logp, lengths
+
+    def _decoder(self, batch: int, slots: int) -> Decoder:
+        """The device decode loop for this batch size, with at least `slots` KV slots."""
+        dec = self._decoders.get(batch)
+        if dec is None or dec.max_len < slots:
+            self._decoders.pop(batch, None)  # its cache and graph go before the new ones are allocated
+            size = max(self.max_len, -(-slots // 32) * 32)
+            dec = self._decoders[batch] = Decoder(self.model, batch, size, self.device)
+        return dec
+
+    def _decode_device(self, rows, max_new: int, choose, stops: set[int], lengths_from: list[int] | None):
+        """`_decode` on the model's device (CUDA): minite.engines.decode.Decoder. Returns CPU tensors."""
+        ids, mask = left_pad(rows, self.pad)
+        dec = self._decoder(ids.shape[0], ids.shape[1] + max_new - 1)
+        tokens, logps, lengths = dec.decode(
+            ids.to(self.device),
+            mask.to(self.device),
+            max_new,
+            choose,
+            pad=self.pad,
+            stops=stops,
+            limit=lengths_from,
+            use_graph=self.cuda_graphs and self.device.type == "cuda",
+        )
+        return tokens.cpu(), logps.cpu(), lengths.cpu()

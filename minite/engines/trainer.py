@@ -6,6 +6,11 @@ and attention run in bf16 exactly as in a bf16 inference engine. (Autocast over 
 would keep an fp32 residual stream and fp32 norm weights that no sampler has: a built-in gap of its
 own.) The casts are differentiable, so gradients land on the fp32 masters. Log-probs come from an
 fp32 log-softmax of the logits.
+
+Device: `Trainer(..., device=...)` moves the model (fp32 masters) there before the optimizer is built,
+so the bf16 copies, the AdamW state and the gradients live there too; batches go there with
+`TokenBatch.to`. Stochastic rounding on CUDA draws from the Triton Philox stream seeded like the CPU
+generators (minite.nn.functional.SeedSource, minite.numerics.dispatch).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch import nn
 
 from minite.engines.base import Completion
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
+from minite.engines.weight_sync import drop_grouped_weight_caches
 from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
 from minite.rl.grpo import GRPOConfig, grpo_loss
@@ -79,6 +85,14 @@ class TokenBatch:
     def select(self, rows: torch.Tensor | slice) -> TokenBatch:
         return TokenBatch(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """This batch on `device` (itself when every tensor is already there)."""
+        device = torch.device(device)
+        tensors = [getattr(self, f) for f in self.__dataclass_fields__]
+        if all(t.device == device for t in tensors):
+            return self
+        return TokenBatch(*(t.to(device) for t in tensors))
+
 
 def forward(model: nn.Module, dtype: torch.dtype = torch.bfloat16, **inputs) -> torch.Tensor:
     """Logits of `model` run on `dtype` copies of its parameters (plain call for float32)."""
@@ -116,8 +130,18 @@ class Trainer:
     # the micro-batch loop (it issues collectives) and the ranks raise together after it
     raise_loss_at_once = True
 
-    def __init__(self, model: nn.Module, recipe: Recipe, optim: OptimConfig, grpo: GRPOConfig, seed: int = 0):
+    def __init__(
+        self,
+        model: nn.Module,
+        recipe: Recipe,
+        optim: OptimConfig,
+        grpo: GRPOConfig,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+    ):
         self.model = model.float().train()
+        if device is not None:
+            self.model.to(device)
         self.recipe = recipe
         self.optim_cfg = optim
         self.grpo_cfg = grpo
@@ -133,8 +157,14 @@ class Trainer:
         """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics."""
         return sequence_logprobs(self.model, batch, self.dtype)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's (local) parameters live."""
+        return next(self.model.parameters()).device
+
     @torch.no_grad()
     def recompute_logprobs(self, batch: TokenBatch, micro_batch: int = 64) -> torch.Tensor:
+        drop_grouped_weight_caches(self.model)  # the weights may have changed since they were cached
         self.model.eval()
         out = [
             self.logprobs(batch.select(slice(i, i + micro_batch)))
@@ -246,6 +276,7 @@ class Trainer:
             grad_norm = self._clip_grads()
             stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
             self.optimizer.step()
+            drop_grouped_weight_caches(self.model)
             self._after_step()
             bad = self._nonfinite_params()
             if bad:

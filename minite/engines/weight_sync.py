@@ -117,11 +117,14 @@ def export_weights(
     return WeightUpdate(out, version)
 
 
-def _take_q(tensors: dict[str, torch.Tensor], prefix: str, spec: QuantSpec) -> NVFP4Tensor:
+def _take_q(
+    tensors: dict[str, torch.Tensor], prefix: str, spec: QuantSpec, device: torch.device
+) -> NVFP4Tensor:
+    """The quantized weight under `prefix`, on `device` (the same tensors when already there)."""
     return NVFP4Tensor(
-        tensors[f"{prefix}.qweight"],
-        tensors[f"{prefix}.weight_scale"],
-        tensors[f"{prefix}.weight_global_scale"].float(),
+        tensors[f"{prefix}.qweight"].to(device),
+        tensors[f"{prefix}.weight_scale"].to(device),
+        tensors[f"{prefix}.weight_global_scale"].to(device).float(),
         spec,
     )
 
@@ -137,9 +140,12 @@ def _cat_rows(a: NVFP4Tensor, b: NVFP4Tensor) -> NVFP4Tensor:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, update: WeightUpdate) -> None:
-    """Load a WeightUpdate into a model built with the sampler's numerics (built-in engine)."""
+    """Load a WeightUpdate into a model built with the sampler's numerics (built-in engine). The update
+    may live on another device (a CPU export into a GPU sampler): tensors move to the model's device;
+    bf16 weights are copied in place, NVFP4 weights replace the layers' packed tensors."""
     t = update.tensors
     params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
     spec: NumericsSpec | None = getattr(model, "_minite_numerics", None)
     wspec = spec.fprop_weight if spec is not None else None
     layers = decoder_layers(model)
@@ -154,7 +160,7 @@ def load_weights(model: nn.Module, update: WeightUpdate) -> None:
                     raise RuntimeError(
                         f"{name}: update carries NVFP4 weights but this engine runs it in bf16"
                     )
-                mod.packed = _take_q(t, name, wspec)
+                mod.packed = _take_q(t, name, wspec, device)
                 used.update(f"{name}.{s}" for s in QSUFFIXES)
         experts = getattr(layer.mlp, "experts", None)
         if experts is None:
@@ -167,10 +173,10 @@ def load_weights(model: nn.Module, update: WeightUpdate) -> None:
                 )
             gus, dns = [], []
             for e in range(experts.num_experts):
-                g = _take_q(t, f"{ename}.{e}.gate_proj", wspec)
-                u = _take_q(t, f"{ename}.{e}.up_proj", wspec)
+                g = _take_q(t, f"{ename}.{e}.gate_proj", wspec, device)
+                u = _take_q(t, f"{ename}.{e}.up_proj", wspec, device)
                 gus.append(_cat_rows(g, u))
-                dns.append(_take_q(t, f"{ename}.{e}.down_proj", wspec))
+                dns.append(_take_q(t, f"{ename}.{e}.down_proj", wspec, device))
                 used.update(
                     f"{ename}.{e}.{p}.{s}" for p in ("gate_proj", "up_proj", "down_proj") for s in QSUFFIXES
                 )
@@ -187,3 +193,11 @@ def load_weights(model: nn.Module, update: WeightUpdate) -> None:
         if name not in params:
             raise KeyError(f"weight update has {name!r}, which this model does not have")
         params[name].copy_(v)
+
+
+def drop_grouped_weight_caches(model) -> None:
+    """Forget the experts' stacked NVFP4 weights that `minite.kernels.moe` caches on each module, keyed
+    by tensor addresses and versions: after a weight change, a new tensor can land at a freed tensor's
+    address with the same version, and the stale stack would be used. No-op on CPU (never cached)."""
+    for m in model.modules():
+        m.__dict__.pop("_minite_grouped_weights", None)

@@ -1,6 +1,13 @@
 """The GRPO loop: sample with the sampler engine, recompute with the trainer, measure the gap, update,
 sync weights. One process, deterministic under a seed on CPU, resumable from its last checkpoint.
 
+Device (`TrainConfig.device`: auto | cpu | cuda | cuda:N, `rl.device` in a profile): the trainer (fp32
+masters, bf16 copies, AdamW state, batches) and the built-in sampler (generation and scoring) run there,
+weights sync device to device, rewards and metrics come back as CPU floats, and checkpoints hold CPU
+tensors (safetensors) that a resume loads back onto the device. `auto` is cuda when torch sees a GPU,
+else cpu; asking for cuda where there is none fails before anything is built. CPU runs are bit for
+bit what they were before the setting existed.
+
 Per step it appends one JSON line to `<out_dir>/metrics.jsonl`: reward, response length, the DESIGN.md
 mismatch metrics between the trainer's recompute and the sampler's log-probs (prefixed `mismatch/`),
 the loss statistics (`train/`), and periodically the greedy eval accuracy (`eval/accuracy`).
@@ -23,6 +30,7 @@ from minite.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint,
 from minite.configuration import ConfigError, from_dict, load_yaml, to_dict
 from minite.diagnostics.metrics import mismatch_metrics
 from minite.engines.base import SamplingParams
+from minite.engines.device import check_device, resolve_device
 from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
 from minite.engines.weight_sync import export_weights
@@ -109,6 +117,9 @@ class TrainConfig:
     # goes on). Either way the event lands in events.jsonl and MLflow with where it appeared. Weights
     # that an update itself made non-finite always stop the run (nothing valid is left to continue).
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    # where the trainer and the built-in sampler run: auto (cuda if torch sees a GPU, else cpu), cpu,
+    # cuda (the current CUDA device) or cuda:N; availability is checked when the run starts
+    device: str = "auto"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -116,6 +127,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         _at_least(
             1,
             steps=self.steps,
@@ -215,7 +227,9 @@ def check_inputs(cfg: TrainConfig, *, resume: bool = False) -> None:
     """Fail before any compute (no model built, nothing written) on inputs that cannot work: missing
     or unreadable model/data files, a malformed data line, a tokenizer that does not fit the model,
     model dims a quantized recipe cannot block, more prompts per step than training examples, and
-    with `resume` a missing, corrupted or foreign checkpoint. Messages name the file, key or value."""
+    with `resume` a missing, corrupted or foreign checkpoint, a CUDA device where torch sees none.
+    Messages name the file, key or value."""
+    resolve_device(cfg.device)
     md = Path(cfg.model_dir)
     if not (md / "config.json").is_file():
         raise FileNotFoundError(f"model_dir {md}: no config.json (run `minite prepare` first?)")
@@ -275,7 +289,8 @@ def check_inputs(cfg: TrainConfig, *, resume: bool = False) -> None:
             )
 
 
-def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer):
+def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torch.device | None = None):
+    """The rollout engine of `cfg.sampler`; the built-in one on `device` (default: `cfg.device`)."""
     dtype = torch.bfloat16 if cfg.sampler.dtype == "bfloat16" else torch.float32
     if cfg.sampler.engine == "builtin":
         from minite.engines.sampler import BuiltinSampler
@@ -286,6 +301,8 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer):
             dtype=dtype,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            device=device if device is not None else resolve_device(cfg.device),
+            max_len=cfg.sampler.max_model_len,
         )
     if cfg.sampler.data_parallel_size > 1:
         raise ConfigError(
@@ -376,14 +393,60 @@ def summarize_metrics(metrics_path: Path, **header: Any) -> dict[str, Any]:
     }
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_fn=None) -> dict[str, Any]:
-    """Run GRPO per `cfg`; returns the summary also written to `<out_dir>/summary.json`."""
+def _optimizer_state_to_params(optimizer: torch.optim.Optimizer) -> None:
+    """Optimizer state loaded from a (CPU) checkpoint onto its parameters' device; AdamW's `step`
+    counter stays where AdamW keeps it (a CPU scalar). No-op when everything is on the CPU."""
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if key != "step" and isinstance(value, torch.Tensor) and value.device != param.device:
+                state[key] = value.to(param.device)
+
+
+def _save_checkpoint(path: Path, trainer: Trainer, state: dict[str, Any]) -> None:
+    """`save_checkpoint`, with CPU copies of the tensors when the trainer runs on a device (the same
+    files, names and dtypes, so a CPU or GPU run can resume either's checkpoint)."""
+    if trainer.device.type == "cpu":
+        save_checkpoint(path, trainer.model, trainer.optimizer, state)
+        return
+    from minite.checkpoint import _optimizer_tensors, write_checkpoint_dir
+
+    files = {
+        "model.safetensors": {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
+        "optimizer.safetensors": {
+            k: v.cpu() for k, v in _optimizer_tensors(trainer.model, trainer.optimizer).items()
+        },
+    }
+    write_checkpoint_dir(Path(path), files, state)
+
+
+INITIAL_EVAL_FILE = "eval_initial.json"
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log_fn=None,
+    time_limit_s: float | None = None,
+    eval_at_start: bool = False,
+) -> dict[str, Any]:
+    """Run GRPO per `cfg`; returns the summary also written to `<out_dir>/summary.json`.
+
+    `time_limit_s` (a wall-clock budget for the steps, from the start of this call): when the next step
+    would not fit, the step just done is treated as the last one (final eval, checkpoint) and the run
+    ends early; the summary then says `steps_done` and `stopped_early`. The stop depends on machine
+    speed, so such a run is not reproducible step for step. `eval_at_start`: the greedy eval accuracy
+    of the starting weights (the sampler's numerics) before the first step, written to
+    `<out_dir>/eval_initial.json` and into the summary as `eval_accuracy_initial`. Both off by default."""
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from minite.models.tokenizer import encode_prompt
 
+    t_begin = time.perf_counter()
     check_inputs(cfg, resume=resume)
+    device = resolve_device(cfg.device)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
@@ -391,24 +454,33 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
     recipe = get_recipe(cfg.recipe)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
     model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
-    trainer = Trainer(model, recipe, cfg.optim, cfg.grpo, seed=cfg.seed)
+    trainer = Trainer(model, recipe, cfg.optim, cfg.grpo, seed=cfg.seed, device=device)
 
     metrics_path = out / "metrics.jsonl"
     ckpt_path = out / "checkpoint"
+    initial_path = out / INITIAL_EVAL_FILE
     start = 0
     if resume and (found := find_checkpoint(ckpt_path)) is not None:  # check_inputs: it exists
         state = load_checkpoint(found, trainer.model, trainer.optimizer)
+        _optimizer_state_to_params(trainer.optimizer)
         start = int(state["step"])
-    elif not resume and metrics_path.exists():
-        metrics_path.unlink()
+    elif not resume:
+        if metrics_path.exists():
+            metrics_path.unlink()
+        if eval_at_start and initial_path.exists():
+            initial_path.unlink()
     _truncate_metrics(metrics_path, start)
 
     train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")
     eval_set = load_jsonl(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
     group = cfg.grpo.group_size
-    sampler = make_sampler(cfg, model.config, recipe, tokenizer)
+    sampler = make_sampler(cfg, model.config, recipe, tokenizer, device=device)
     sampler.update_weights(export_weights(trainer.model, recipe, version=start))
+    if eval_at_start and start == 0:
+        acc0 = evaluate_accuracy(sampler, tokenizer, eval_set, cfg.eval.max_new_tokens)
+        initial_path.write_text(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
     eos = tokenizer.eos_token_id
+    steps_done, stopped_early = start, False
     bar = tqdm(
         range(start, cfg.steps),
         desc=f"GRPO {recipe.name} seed {cfg.seed}",
@@ -444,13 +516,18 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
                 batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
                 if not bool(torch.isfinite(rewards).all()):
                     raise NonFiniteError({"kind": "reward", "tensor": "rewards"})
-                logp_old = trainer.recompute_logprobs(batch, cfg.micro_batch)
-                gap = mismatch_metrics(logp_old, batch.sampler_logp, batch.mask)
+                on_device = batch.to(device)  # the same batch on CPU
+                logp_old = trainer.recompute_logprobs(on_device, cfg.micro_batch)
+                gap = mismatch_metrics(logp_old.cpu(), batch.sampler_logp, batch.mask)
                 adv = group_advantages(
                     rewards, group, scale_by_std=cfg.grpo.scale_adv_by_std, eps=cfg.grpo.adv_eps
                 )
                 stats = trainer.update(
-                    batch, adv, logp_old, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch
+                    on_device,
+                    adv.to(device),
+                    logp_old,
+                    minibatches=cfg.minibatches,
+                    micro_batch=cfg.micro_batch,
                 )
                 maybe_kill("step")  # test hook (minite/faultinject.py): updated, nothing logged or saved
             except NonFiniteError as err:
@@ -476,6 +553,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
                 **{f"train/{k}": v for k, v in stats.items()},
             }
             is_last = step + 1 == cfg.steps
+            # with a time limit: stop when another step as long as this one would overrun it
+            over = (
+                time_limit_s is not None
+                and time.perf_counter() - t_begin + record["time/step_s"] > time_limit_s
+            )
+            if over and not is_last:
+                is_last = stopped_early = True
             if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
                 record["eval/accuracy"] = evaluate_accuracy(
                     sampler, tokenizer, eval_set, cfg.eval.max_new_tokens
@@ -487,12 +571,23 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, log_
             if log_fn is not None:
                 log_fn(record)
             if is_last or (step + 1) % cfg.checkpoint_every == 0:
-                save_checkpoint(
-                    ckpt_path, trainer.model, trainer.optimizer, {"step": step + 1, "recipe": recipe.name}
-                )
+                _save_checkpoint(ckpt_path, trainer, {"step": step + 1, "recipe": recipe.name})
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{gap['logp_abs_diff_mean']:.1e}")
+            steps_done = step + 1
+            if stopped_early:
+                break
     finally:
         sampler.close()
     summary = summarize_metrics(metrics_path, recipe=recipe.name, seed=cfg.seed, steps=cfg.steps)
+    if eval_at_start and initial_path.exists():
+        summary["eval_accuracy_initial"] = json.loads(initial_path.read_text())["eval/accuracy"]
+    if time_limit_s is not None:
+        summary.update(
+            steps_done=steps_done,
+            stopped_early=stopped_early,
+            time_limit_s=time_limit_s,
+            wall_s=time.perf_counter() - t_begin,
+            device=str(device),
+        )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -26,9 +26,10 @@ import torch
 import transformers
 
 from minite.checkpoint import sha256_file
+from minite.engines.device import resolve_device
 from minite.models.tiny import build_tiny_config, build_tiny_model, save_model
 from minite.models.tokenizer import build_tokenizer
-from minite.rl.sft import SFTConfig, accuracy, sft
+from minite.rl.sft import SFTConfig, accuracy, place_model, sft
 from minite.rl.task import TaskConfig, generate, save_jsonl
 
 
@@ -50,11 +51,14 @@ def prepare_tiny(
 ) -> dict[str, Any]:
     """Generate the task splits, build + SFT the tiny model, write everything under `out_dir`.
 
-    The model is initialised with `sft_cfg.seed`; eval-split accuracy (greedy exact match) is
-    measured before and after SFT. Returns the metrics also written to prepare_metrics.json.
+    The model is initialised with `sft_cfg.seed` (on the CPU, so the starting weights do not depend on
+    the device); SFT and the eval-split accuracy (greedy exact match, before and after SFT) run on
+    `sft_cfg.device`; the model is saved from the CPU. Returns the metrics also written to
+    prepare_metrics.json.
     """
     task_cfg = task_cfg or TaskConfig()
     sft_cfg = sft_cfg or SFTConfig()
+    device = resolve_device(sft_cfg.device, "prepare.sft.device")  # before anything is written
     model_overrides = dict(model_overrides or {})
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +75,8 @@ def prepare_tiny(
         tokenizer = build_tokenizer()
         model_cfg = build_tiny_config(**model_overrides)
         model = build_tiny_model(model_cfg, seed=sft_cfg.seed)
+        if device.type != "cpu":
+            place_model(model, device)
         threads = torch.get_num_threads()
         torch.set_num_threads(sft_cfg.num_threads)
         try:
@@ -79,6 +85,8 @@ def prepare_tiny(
             eval_after = accuracy(model, tokenizer, ev)
         finally:
             torch.set_num_threads(threads)
+        if device.type != "cpu":
+            place_model(model, torch.device("cpu"))  # the checkpoint as a CPU run writes it
         save_model(model, tokenizer, tmp / "base_model")
 
         metrics = {
@@ -94,6 +102,7 @@ def prepare_tiny(
             "n_train": len(train),
             "n_eval": len(ev),
             "n_params": sum(p.numel() for p in model.parameters()),
+            "device": str(device),
             "model_sha256": sha256_file(tmp / "base_model" / "model.safetensors"),
             "task_config": asdict(task_cfg),
             "model_overrides": model_overrides,

@@ -12,6 +12,12 @@ positions are masked out, matching what the RL policy is later scored on.
 Determinism: parameters come from the caller; batches come from a `torch.Generator` seeded with
 `cfg.seed`; there is no dropout; every op used (CPU matmul, `index_add_`, cross-entropy) is
 deterministic for a fixed thread count, so two runs with the same seed give bit-identical weights.
+
+Device (`SFTConfig.device`, `prepare.sft.device` in a profile: auto | cpu | cuda | cuda:N): the model,
+its optimizer state and every batch live there; batch order still comes from the CPU generator. On
+CUDA the experts run transformers' grouped_mm where torch's grouped GEMM trains in fp32 (else, and on
+CPU, the eager per-expert loop), fp32 matmuls may use TF32, and results are reproducible only up to GPU
+reduction order.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from minite.engines.device import check_device, resolve_device
 from minite.models.tokenizer import encode_completion, encode_prompt
 from minite.rl.task import Example, reward
 
@@ -47,6 +54,8 @@ class SFTConfig:
     `max_time_s` is an optional wall-clock safety stop; when it fires (stop_reason "max_time") the
     result depends on machine speed and is no longer reproducible, so it is off by default and the
     run is bounded by `max_steps` instead.
+
+    `device`: where the model trains (module docstring); `auto` is cuda when torch sees a GPU.
     """
 
     seed: int = 0
@@ -64,8 +73,10 @@ class SFTConfig:
     max_time_s: float | None = None
     num_threads: int = 1
     progress: bool = True
+    device: str = "auto"
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         lo, hi = self.acc_band
         if not 0.0 <= lo <= hi <= 1.0:
             raise ValueError(f"acc_band must satisfy 0 <= low <= high <= 1, got {self.acc_band}")
@@ -98,8 +109,41 @@ def make_batch(
     return ids, attn, loss_mask
 
 
+def _device_of(model: PreTrainedModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _grouped_mm_trains(device: torch.device, dtype: torch.dtype) -> bool:
+    """Does torch's grouped GEMM run forward and backward for `dtype` on this CUDA device?"""
+    fn = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if fn is None:
+        return False
+    try:
+        x = torch.ones((32, 16), device=device, dtype=dtype, requires_grad=True)
+        w = torch.ones((2, 16, 16), device=device, dtype=dtype, requires_grad=True)
+        fn(x, w, offs=torch.tensor([16, 32], device=device, dtype=torch.int32)).sum().backward()
+        torch.cuda.synchronize(device)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
+def place_model(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """Move `model` to `device` with the experts implementation that suits it: transformers' grouped_mm
+    on CUDA when torch's grouped GEMM trains in the model's dtype there, else the eager per-expert loop
+    (what `build_tiny_model` sets, and always on CPU)."""
+    model.to(device)
+    if hasattr(model, "set_experts_implementation"):
+        dtype = next(model.parameters()).dtype
+        grouped = device.type == "cuda" and _grouped_mm_trains(device, dtype)
+        model.set_experts_implementation("grouped_mm" if grouped else "eager")
+    return model
+
+
 def completion_loss(model: PreTrainedModel, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor):
-    """Mean next-token cross-entropy over completion positions."""
+    """Mean next-token cross-entropy over completion positions (inputs moved to the model's device)."""
+    dev = _device_of(model)
+    ids, attn, mask = ids.to(dev), attn.to(dev), mask.to(dev)
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     target, m = ids[:, 1:], mask[:, 1:]
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
@@ -122,6 +166,7 @@ def greedy_complete(
     was_training = model.training
     model.eval()
     eos = tokenizer.eos_token_id
+    dev = _device_of(model)
     by_len: dict[int, list[int]] = defaultdict(list)
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     for i, e in enumerate(encoded):
@@ -130,9 +175,9 @@ def greedy_complete(
     for _, idx in sorted(by_len.items()):
         for start in range(0, len(idx), batch_size):
             chunk = idx[start : start + batch_size]
-            ids = torch.tensor([encoded[i] for i in chunk], dtype=torch.long)
+            ids = torch.tensor([encoded[i] for i in chunk], dtype=torch.long, device=dev)
             n0 = ids.shape[1]
-            done = torch.zeros(len(chunk), dtype=torch.bool)
+            done = torch.zeros(len(chunk), dtype=torch.bool, device=dev)
             for _ in range(max_new_tokens):
                 nxt = model(input_ids=ids).logits[:, -1].argmax(-1)
                 ids = torch.cat([ids, nxt[:, None]], dim=1)
@@ -164,18 +209,26 @@ def sft(
     train_examples: Sequence[Example],
     cfg: SFTConfig,
 ) -> dict[str, Any]:
-    """Train in place until held-out accuracy reaches `cfg.acc_band[0]` (or a step/time limit).
+    """Train in place until held-out accuracy reaches `cfg.acc_band[0]` (or a step/time limit), on
+    `cfg.device` (the model is moved there and stays there).
 
     Returns metrics: acc_before/acc_after (held-out slice), in_band, steps, stop_reason, losses,
     eval history and wall time.
     """
     t0 = time.perf_counter()
+    device = resolve_device(cfg.device, "prepare.sft.device")
+    if _device_of(model) != device:
+        place_model(model, device)
     prev_threads = torch.get_num_threads()
+    prev_precision = torch.get_float32_matmul_precision()
     torch.set_num_threads(cfg.num_threads)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 tensor cores for the fp32 model (GPU only)
     try:
         return _sft(model, tokenizer, train_examples, cfg, t0)
     finally:
         torch.set_num_threads(prev_threads)
+        torch.set_float32_matmul_precision(prev_precision)
 
 
 def _sft(
@@ -194,8 +247,9 @@ def _sft(
 
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    foreach = _device_of(model).type == "cuda"  # CPU: per-tensor loops (bitwise reproducible as before)
     opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=False
+        model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=foreach
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
 
@@ -218,7 +272,7 @@ def _sft(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=False)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=foreach)
             opt.step()
             sched.step()
             step += 1
@@ -258,5 +312,7 @@ def _sft(
         "losses": losses,
         "history": history,
         "wall_s": time.perf_counter() - t0,
+        "device": str(_device_of(model)),
+        "experts_implementation": getattr(model.config, "_experts_implementation", None),
         "config": asdict(cfg),
     }

@@ -1,39 +1,149 @@
 #!/usr/bin/env bash
-# The h200 profile without Snakemake, on one H200: prepare (task data + the mid-size Qwen3-MoE, SFT
-# stopped after prepare.sft.max_time_s = 3 min), then one `minite train` per recipe, each writing the
-# same metrics.jsonl / summary.json as the tiny run, under one overall deadline (default 10 min of RL).
-#   OUT=results/h200 bash scripts/gpu/h200_rl.sh
-#   RECIPES="minite" STEPS=20 OUT=... bash scripts/gpu/h200_rl.sh     # fewer runs / steps
-# Note: `minite train` places the learner and the built-in sampler where minite.rl.loop puts them; this
-# script only sequences the verbs and reports what each run logged.
+# The h200 profile's RL without Snakemake, on one H200, in one deadline (default 450 s, all included):
+# prepare (task data + the ~170 M-parameter Qwen3-MoE, SFT on the GPU stopped by prepare.sft.max_time_s),
+# then one `minite train` per recipe (trainer and built-in sampler on the GPU, `rl.device: cuda`), each
+# with the same metrics.jsonl / summary.json as the tiny run, an eval of the starting weights
+# (--eval-at-start) and a share of the time left (--time-limit: a run that would overrun ends early with
+# its final eval and checkpoint). Then a Markdown + JSON report of every run.
+#   OUT=results/h200 bash scripts/gpu/h200_rl.sh                  # reports + logs in OUT, runs in WORK
+#   RECIPES="minite" STEPS=10 TOTAL_S=300 OUT=... bash scripts/gpu/h200_rl.sh
+#   WORK=/tmp/h200 OUT=$OUT bash scripts/gpu/h200_rl.sh           # keep checkpoints out of OUT
+#   SET_PREPARE="prepare.sft.device=cpu" SET_RL="device=cpu" PROFILE=... bash ...   # a CPU dry run
+# Writes OUT/h200_rl.md (summary table), OUT/h200_rl.json (summaries, prepare metrics, every metrics
+# record) and OUT/h200_rl.log (all output).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 OUT=${OUT:-results/h200}
+WORK=${WORK:-$OUT}
 PROFILE=${PROFILE:-configs/h200.yaml}
 RECIPES=${RECIPES:-bf16 te_nvfp4 minite}
-RL_S=${RL_S:-600}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv 2>/dev/null || true
-t0=$SECONDS
-python3 -m minite.cli prepare --profile "$PROFILE" --out "$OUT/prepare" 2>&1 | tee "$OUT/prepare.log"
-echo "prepare: $((SECONDS - t0)) s"
-END=$((SECONDS + RL_S))
+TOTAL_S=${TOTAL_S:-450}        # the whole script, pip install included
+REPORT_S=${REPORT_S:-15}       # kept for the report at the end
+STARTUP_S=${STARTUP_S:-30}     # per run, outside its --time-limit: imports, model load, final eval, checkpoint
+PYTHON=${PYTHON:-python3}
+INSTALL=${INSTALL:-1}
+T0=$SECONDS
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/h200_rl.log"
+: > "$LOG"
+say() { echo "$*" | tee -a "$LOG"; }
+sets() { local s; for s in $1; do printf -- '--set\n%s\n' "$s"; done; }
+mapfile -t PREP_SET < <(sets "${SET_PREPARE:-}")
+mapfile -t RL_SET < <(sets "checkpoint_every=1000 ${SET_RL:-}")   # one checkpoint per run: the final one
+
+if [ "$INSTALL" = 1 ]; then
+  $PYTHON -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || { say "pip install failed"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>/dev/null \
+  | tee "$WORK/gpu.txt" | tee -a "$LOG" || true
+say "install: $((SECONDS - T0)) s"
+
+t=$SECONDS
+timeout 300 $PYTHON -m minite.cli prepare --profile "$PROFILE" --out "$WORK/prepare" "${PREP_SET[@]}" 2>&1 | tee -a "$LOG"
+say "prepare: rc ${PIPESTATUS[0]}, $((SECONDS - t)) s"
+echo "{\"prepare_s\": $((SECONDS - t))}" > "$WORK/prepare_time.json"
+
+END=$((T0 + TOTAL_S - REPORT_S))
 left_runs=$(echo $RECIPES | wc -w)
 for r in $RECIPES; do
   budget=$(((END - SECONDS) / left_runs)); left_runs=$((left_runs - 1))
-  t1=$SECONDS
-  timeout "$budget" python3 -m minite.cli train --profile "$PROFILE" --recipe "$r" --seed 0 ${STEPS:+--steps "$STEPS"} \
-    --model-dir "$OUT/prepare/base_model" --data-dir "$OUT/prepare/data" --out "$OUT/rl/$r/seed0" \
-    --no-progress 2>&1 | tee "$OUT/rl_$r.log"
-  echo "train $r: rc ${PIPESTATUS[0]}, $((SECONDS - t1)) s (budget $budget s)"
-  python3 - "$OUT/rl/$r/seed0" <<'PY'
-import json, sys
-from pathlib import Path
-run = Path(sys.argv[1])
-if (run / "summary.json").exists():
-    print(json.dumps(json.loads((run / "summary.json").read_text()), indent=1)[:2000])
-lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
-print(f"{run}: {len(lines)} metric records; last: {lines[-1][:400] if lines else None}")
-PY
+  limit=$((budget - STARTUP_S))
+  if [ "$limit" -lt 10 ]; then say "train $r: skipped, $budget s left for it"; continue; fi
+  t=$SECONDS
+  timeout $((budget + 30)) $PYTHON -m minite.cli train --profile "$PROFILE" --recipe "$r" --seed 0 \
+    ${STEPS:+--steps "$STEPS"} --model-dir "$WORK/prepare/base_model" --data-dir "$WORK/prepare/data" \
+    --out "$WORK/rl/$r/seed0" --no-progress --eval-at-start --time-limit "$limit" "${RL_SET[@]}" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  say "train $r: rc $rc, $((SECONDS - t)) s (budget $budget s, loop limit $limit s)"
+  echo "{\"rc\": $rc, \"process_s\": $((SECONDS - t)), \"budget_s\": $budget}" > "$WORK/rl/$r/seed0/process.json" 2>/dev/null || true
 done
+
+$PYTHON - "$WORK" "$OUT" "$PROFILE" "$RECIPES" "$((SECONDS - T0))" "${GIT_COMMIT:-}" <<'PY' 2>&1 | tee -a "$LOG"
+import datetime, json, sys
+from pathlib import Path
+
+work, out, profile, recipes, total_s, commit = Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:]
+def read(p):
+    try:
+        return json.loads(Path(p).read_text())
+    except (OSError, ValueError):
+        return None
+def f(v, fmt):
+    return "n/a" if v is None else format(v, fmt)
+
+versions = {}
+for mod in ("torch", "triton", "transformers"):
+    try:
+        versions[mod] = __import__(mod).__version__
+    except ImportError:
+        versions[mod] = None
+try:
+    import torch
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+except ImportError:
+    gpu = "no torch"
+smi = (work / "gpu.txt").read_text().strip() if (work / "gpu.txt").is_file() else None
+prep = read(work / "prepare" / "prepare_metrics.json") or {}
+report = {"profile": profile, "gpu": gpu, "nvidia_smi": smi, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+          "git_commit": commit or None, "versions": versions, "total_s": int(total_s),
+          "prepare": {**{k: v for k, v in prep.items() if k not in ("sft", "model_config")},
+                      "sft": {k: v for k, v in (prep.get("sft") or {}).items() if k not in ("losses",)},
+                      **(read(work / "prepare_time.json") or {})}, "runs": {}}
+rows = []
+for r in recipes.split():
+    run = work / "rl" / r / "seed0"
+    summ = read(run / "summary.json")
+    proc = read(run / "process.json") or {}
+    metrics = []
+    if (run / "metrics.jsonl").is_file():
+        for ln in (run / "metrics.jsonl").read_text().splitlines():
+            try:
+                metrics.append(json.loads(ln))
+            except ValueError:
+                pass
+    if summ is None and metrics:  # killed before its summary: rebuild it from what was logged
+        from minite.rl.loop import summarize_metrics
+        summ = {**summarize_metrics(run / "metrics.jsonl", recipe=r, seed=0), "steps_done": len(metrics),
+                "incomplete": True}
+    report["runs"][r] = {"summary": summ, "process": proc, "metrics": metrics}
+    if summ is None:
+        why = f"failed (rc {proc['rc']})" if proc else "not run (no time left)"
+        rows.append(f"| {r} | {why} | | | | | | | |")
+        continue
+    steps = [m for m in metrics if not m.get("skipped")]
+    mean = lambda k: sum(m[k] for m in steps) / len(steps) if steps else None
+    rows.append(
+        f"| {r} | {summ.get('steps_done', len(metrics))}/{summ.get('steps')}"
+        f"{' (time limit)' if summ.get('stopped_early') else ''}{' (killed)' if summ.get('incomplete') else ''} "
+        f"| {proc.get('process_s', 'n/a')} / {f(summ.get('wall_s'), '.0f')} | {f(mean('time/step_s'), '.2f')} "
+        f"({f(mean('time/rollout_s'), '.2f')} + {f(mean('time/learner_s'), '.2f')}) "
+        f"| {f(summ.get('eval_accuracy_initial'), '.3f')} -> {f(summ.get('eval_accuracy_final'), '.3f')} "
+        f"| {f(summ.get('reward_first'), '.3f')} -> {f(summ.get('reward_last'), '.3f')} "
+        f"| {f(summ.get('logp_abs_diff_mean_avg'), '.3e')} | {f(summ.get('kl_k3_avg'), '.2e')} "
+        f"| {f(mean('mismatch/bitwise_equal_frac'), '.4f')} |"
+    )
+sft = report["prepare"]["sft"]
+lines = [
+    f"# h200 RL: prepare + GRPO per recipe on one GPU ({gpu})", "",
+    f"- profile `{profile}`; date {report['date']}; git commit {commit or 'n/a'}; "
+    + ", ".join(f"{k} {v}" for k, v in versions.items()),
+    f"- whole script {total_s} s; prepare {report['prepare'].get('prepare_s', 'n/a')} s on "
+    f"{prep.get('device', 'n/a')}: {prep.get('n_params', 0) / 1e6:.0f} M-parameter Qwen3-MoE, "
+    f"SFT {sft.get('steps', 'n/a')} steps in {f(sft.get('wall_s'), '.0f')} s ({sft.get('stop_reason', 'n/a')}), "
+    f"eval accuracy {f(prep.get('eval_acc_before'), '.3f')} -> {f(prep.get('eval_acc_after'), '.3f')} "
+    f"(greedy, {prep.get('n_eval', 'n/a')} eval problems)",
+    "", "Per recipe, seed 0: steps done/asked; seconds of the `minite train` process / of its loop; mean step "
+    "seconds (rollout + learner incl. weight sync); greedy eval accuracy of the starting weights -> after "
+    "the last step (the recipe's sampler, `rl.eval.n_examples` problems); mean reward of the first -> last "
+    "step; mean over steps of the trainer/sampler gap (mean |Δlogp|, KL k3) and of the fraction of "
+    "bit-identical token log-probs.", "",
+    "| recipe | steps | process / loop s | step s (rollout + learner) | eval acc before -> after "
+    "| reward first -> last | mean abs Δlogp | KL k3 | bitwise equal |",
+    "|---|---|---|---|---|---|---|---|---|",
+    *rows,
+]
+(out / "h200_rl.md").write_text("\n".join(lines) + "\n")
+(out / "h200_rl.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+print("\n".join(lines))
+PY
+say "total: $((SECONDS - T0)) s"

@@ -80,3 +80,42 @@ def test_unknown_recipe_fails_before_compute(tiny_inputs, tmp_path):
     cfg = _cfg(tiny_inputs, tmp_path / "x", recipe="minitee")
     with pytest.raises(ConfigError, match="did you mean 'minite'"):
         train(cfg, progress=False)
+
+
+def test_time_limit_ends_early_with_final_eval_and_checkpoint(tiny_inputs, tmp_path):
+    out = tmp_path / "limited"
+    cfg = _cfg(tiny_inputs, out, steps=50, checkpoint_every=100)
+    summary = train(cfg, progress=False, time_limit_s=1e-3, eval_at_start=True)
+    recs = _records(out)
+    assert summary["stopped_early"] is True and summary["steps_done"] == 1 == len(recs)
+    assert summary["steps"] == 50 and summary["device"] == "cpu"
+    assert "eval/accuracy" in recs[-1]  # the step it stopped at is evaluated and checkpointed as the last
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 1
+    initial = json.loads((out / "eval_initial.json").read_text())
+    assert summary["eval_accuracy_initial"] == initial["eval/accuracy"]
+
+
+def test_without_time_limit_or_initial_eval_the_summary_is_unchanged(tiny_inputs, tmp_path):
+    summary = train(_cfg(tiny_inputs, tmp_path / "plain", steps=1), progress=False)
+    assert not {"steps_done", "stopped_early", "eval_accuracy_initial", "device"} & set(summary)
+    assert not (tmp_path / "plain" / "eval_initial.json").exists()
+
+
+def test_device_checkpoint_writes_the_same_files_as_a_cpu_one(tiny_model, tmp_path, monkeypatch):
+    """A GPU run saves CPU copies (`_save_checkpoint`): same files, same bytes as `save_checkpoint`."""
+    import torch
+
+    from minite.checkpoint import save_checkpoint
+    from minite.engines.trainer import OptimConfig, Trainer
+    from minite.recipes import get_recipe
+    from minite.rl.loop import _save_checkpoint
+
+    trainer = Trainer(tiny_model, get_recipe("bf16"), OptimConfig(), GRPOConfig(group_size=2))
+    for p in trainer.model.parameters():
+        p.grad = torch.ones_like(p)
+    trainer.optimizer.step()
+    save_checkpoint(tmp_path / "cpu", trainer.model, trainer.optimizer, {"step": 1})
+    monkeypatch.setattr(Trainer, "device", property(lambda self: torch.device("cuda")))
+    _save_checkpoint(tmp_path / "dev", trainer, {"step": 1})
+    for name in ("model.safetensors", "optimizer.safetensors", "state.json", "manifest.json"):
+        assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "dev" / name).read_bytes(), name
