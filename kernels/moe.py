@@ -17,8 +17,11 @@ single index_add_ over all slots would use atomics in any order on CUDA).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
+from minite.nn.moe import GROUPED_CACHE_ATTR
 from minite.numerics.nvfp4 import NVFP4Tensor
 
 from .grouped_gemm import WGRAD_ALIGN, nvfp4_grouped_matmul, nvfp4_grouped_wgrad
@@ -134,20 +137,28 @@ def grouped_supported(numerics) -> bool:
 
 
 def _stacked_weight(module, attr: str, packed: list[NVFP4Tensor] | None, spec) -> NVFP4Tensor:
-    """Per-expert NVFP4 weights stacked (E, N, K/2), cached on the module until the parameter changes."""
-    cache = module.__dict__.setdefault("_minite_grouped_weights", {})
+    """Per-expert NVFP4 weights stacked (E, N, K/2), cached on the module until the parameter changes.
+
+    A hit needs the very same live tensor objects (weak references, as minite.nn.linear's
+    WeightQuantCache: the trainer's forward runs on fresh bf16 copies, and a new copy can land at a freed
+    copy's address with the same version 0) unchanged since (version, address). A weight rewritten in
+    place without a version bump (FSDP2's reused unsharded parameters) needs
+    `minite.nn.swap.clear_weight_caches`, which drops this cache too."""
+    cache = module.__dict__.setdefault(GROUPED_CACHE_ATTR, {})
     param = getattr(module, attr)
     if packed is not None:
+        owners = [p.qdata for p in packed]
         stamp = tuple(
             (p.qdata.data_ptr(), p.qdata._version, p.scale.data_ptr(), p.global_scale.data_ptr())
             for p in packed
         )
     else:
         compute_dtype = getattr(module, "compute_dtype", None)  # quantize the copy the forward runs on
+        owners = [param]
         stamp = (param._version, param.data_ptr(), compute_dtype)
     hit = cache.get(attr)
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
+    if hit is not None and hit[0] == stamp and all(r() is o for r, o in zip(hit[1], owners, strict=True)):
+        return hit[2]
     if packed is not None:
         q = NVFP4Tensor(
             torch.stack([p.qdata for p in packed]),
@@ -158,7 +169,7 @@ def _stacked_weight(module, attr: str, packed: list[NVFP4Tensor] | None, spec) -
     else:
         w = param.detach() if compute_dtype is None else param.detach().to(compute_dtype)
         q = nvfp4_quantize_batched(w, spec)
-    cache[attr] = (stamp, q)
+    cache[attr] = (stamp, [weakref.ref(o) for o in owners], q)
     return q
 
 

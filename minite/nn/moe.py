@@ -35,6 +35,10 @@ from minite.nn.functional import (
 from minite.nn.linear import WeightQuantCache
 from minite.numerics import NVFP4Tensor, dispatch
 
+# where minite.kernels.moe caches the experts' stacked NVFP4 weights on a module (cleared by
+# minite.nn.swap.clear_weight_caches)
+GROUPED_CACHE_ATTR = "_minite_grouped_weights"
+
 
 class QuantExperts(nn.Module):
     def __init__(

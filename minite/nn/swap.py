@@ -17,7 +17,7 @@ from torch import nn
 from minite.nn.attention import AlignedAttention, RopeTable
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.linear import QuantLinear
-from minite.nn.moe import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
+from minite.nn.moe import GROUPED_CACHE_ATTR, AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
 from minite.recipes import NumericsSpec
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -124,3 +124,5 @@ def clear_weight_caches(model: nn.Module) -> None:
     """Drop every cached quantized weight (after a weight change the cache cannot see, e.g. FSDP2)."""
     for m in quantized_modules(model).values():
         m._cache.clear()
+    for m in model.modules():  # the grouped kernels' stacked expert weights (minite.kernels.moe)
+        m.__dict__.pop(GROUPED_CACHE_ATTR, None)

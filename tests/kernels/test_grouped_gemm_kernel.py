@@ -15,6 +15,7 @@ from minite.kernels import _triton
 from minite.kernels.gemm import GemmConfig
 from minite.kernels.grouped_gemm import WGRAD_ALIGN, nvfp4_grouped_matmul, nvfp4_grouped_wgrad
 from minite.kernels.moe import (
+    _stacked_weight,
     combine_in_expert_order,
     quant_experts_forward,
     sort_by_expert,
@@ -266,3 +267,24 @@ def test_vllm_experts_forward_matches_the_loop(act, dtype, device):
         assert torch.allclose(out.cpu(), ref, rtol=1e-4, atol=1e-5)
     else:
         assert (out.float().cpu() - ref.float()).norm() <= 0.05 * ref.float().norm()
+
+
+def test_stacked_weight_cache_needs_the_same_tensor_not_its_address(device):
+    """The trainer's forward runs on fresh bf16 copies; a new copy at a freed copy's address with version
+    0 has the old (version, address) stamp and must still miss the cache (else stale expert weights)."""
+    spec = QuantSpec(block="16x16", scope="tensor")
+    storage_owner = torch.randn(4, 32, 64, generator=gen(7)).to(device)
+    module = nn.Module()
+    p1 = torch.empty(0, device=device).set_(storage_owner.untyped_storage(), 0, (4, 32, 64))
+    module.gate_up_proj = p1
+    q1 = _stacked_weight(module, "gate_up_proj", None, spec)
+    assert _stacked_weight(module, "gate_up_proj", None, spec) is q1  # same tensor, unchanged: a hit
+    storage_owner.mul_(-2.0)  # new values in the same memory, written through another tensor
+    p2 = torch.empty(0, device=device).set_(storage_owner.untyped_storage(), 0, (4, 32, 64))
+    assert (p2.data_ptr(), p2._version) == (p1.data_ptr(), p1._version)  # the old stamp alone would hit
+    module.gate_up_proj = p2
+    q2 = _stacked_weight(module, "gate_up_proj", None, spec)
+    assert q2 is not q1
+    expect = nvfp4_quantize_batched(p2.detach(), spec)
+    assert torch.equal(q2.qdata, expect.qdata) and torch.equal(q2.scale, expect.scale)
+    assert not torch.equal(q2.qdata, q1.qdata)
