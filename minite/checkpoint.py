@@ -7,6 +7,10 @@ Layout of a checkpoint directory:
     manifest.json           sha256 of every file above
 A checkpoint is written to `<dir>.tmp`, fsynced, then swapped in with renames, so a kill at any point
 leaves either the old or the new checkpoint whole.
+
+Loading verifies every file against the manifest first (sha256). A caller that has just verified the
+checkpoint (`minite train --resume` does, before building anything) passes the VerifiedCheckpoint it
+got instead of the path, and the files are hashed once, not twice; given a path, the loader verifies.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,11 +153,53 @@ def verify_checkpoint(
     return manifest
 
 
-def load_checkpoint(
-    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A checkpoint directory whose files matched `manifest` (from `verified_checkpoint`). The loaders
+    take it in place of a path and do not hash the files again; they only check that manifest.json is
+    still this manifest (no other checkpoint was swapped in since)."""
+
+    path: Path
+    manifest: dict[str, str]
+
+
+def verified_checkpoint(
+    path: str | Path, hash_files: Callable[[list[Path]], dict[str, str]] | None = None
+) -> VerifiedCheckpoint:
+    """`verify_checkpoint` (hashing here unless `hash_files` is given), remembered: what a loader
+    accepts without hashing again."""
     path = Path(path)
-    manifest = verify_checkpoint(path)
+    return VerifiedCheckpoint(path, verify_checkpoint(path, hash_files or _hash_here))
+
+
+def ensure_verified(
+    source: str | Path | VerifiedCheckpoint,
+    hash_files: Callable[[list[Path]], dict[str, str]] | None = None,
+) -> VerifiedCheckpoint:
+    """A path is verified (every file hashed); a VerifiedCheckpoint is checked to still have the
+    manifest it was verified with (its files are not hashed again)."""
+    if not isinstance(source, VerifiedCheckpoint):
+        return verified_checkpoint(source, hash_files)
+    try:
+        same = json.loads((source.path / "manifest.json").read_text()) == source.manifest
+    except (OSError, ValueError):  # gone or torn: not the manifest that was verified either
+        same = False
+    if not same:
+        raise CheckpointError(
+            f"{source.path}: manifest.json changed after the checkpoint was verified (another checkpoint "
+            "was written or swapped in meanwhile: is another run writing to this --out?); run one job "
+            "per output folder, then resume again"
+        )
+    return source
+
+
+def load_checkpoint(
+    path: str | Path | VerifiedCheckpoint, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Load weights (and optimizer state, if saved and `optimizer` is given); returns state.json.
+    `path`: a checkpoint directory (verified against its manifest first) or a VerifiedCheckpoint."""
+    ck = ensure_verified(path)
+    path, manifest = ck.path, ck.manifest
     weights = load_file(path / "model.safetensors")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:

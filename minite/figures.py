@@ -2,7 +2,8 @@
 
 Inputs are the files the workflow produced, never MLflow queries, so a figure is a pure function of
 results/: RL run folders (config.json, metrics.jsonl, summary.json, mlflow_run.json), lm-eval JSONs,
-diagnose JSONs and the throughput JSON. Every table row carries the MLflow run id it came from, and
+diagnose JSONs and the throughput reports (`minite bench learner` and `minite bench rollout` JSONs, see
+`load_throughput`). Every table row carries the MLflow run id it came from, and
 `manifest.json` lists, for each figure and table, its source files and MLflow runs.
 
 Figures
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from minite.configuration import ConfigError
 
 CANONICAL = ["bf16", "te_nvfp4", "minite"]
 LABELS = {"bf16": "bf16", "te_nvfp4": "te_nvfp4 (naive)", "minite": "minite (aligned)"}
@@ -162,6 +165,77 @@ def load_diagnose(files: list[str | Path]) -> pd.DataFrame:
 
 
 # --- ordering and style ----------------------------------------------------------------------------
+
+
+def _model_of(shape: dict[str, Any]) -> str:
+    if shape.get("source") == "model_dir":
+        return f"{Path(shape['name']).name}, {shape['num_hidden_layers']} layers"
+    return f"{shape['name']} layer shapes x {shape['num_hidden_layers']} layers, random init"
+
+
+def load_throughput(files: str | Path | list[str | Path] | None) -> dict[str, Any] | None:
+    """The throughput stage's reports (`minite bench learner` and/or `minite bench rollout` JSONs; each
+    names its kind) as one record: per recipe, learner tokens/s of a complete update and rollout
+    generated tokens/s end to end (at the largest batch measured), each with its ratio to bf16 measured
+    in the same run (None without bf16); the device (CPU results are labelled as CPU numbers), the model,
+    and the MLflow run ids."""
+    if files is None:
+        return None
+    paths = [Path(files)] if isinstance(files, str | Path) else [Path(f) for f in files]
+    reports: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        rep = _read_json(path)
+        if rep.get("kind") not in ("learner", "rollout"):
+            raise ConfigError(
+                f"{path}: not a `minite bench learner|rollout` report (kind {rep.get('kind')!r})"
+            )
+        reports[rep["kind"]] = rep
+    if not reports:
+        return None
+    recipes: dict[str, dict[str, Any]] = {}
+    if "learner" in reports:
+        rows = reports["learner"]["recipes"]
+        base = (rows.get("bf16") or {}).get("tokens_per_s")
+        for name, row in rows.items():
+            tps = row["tokens_per_s"]
+            recipes.setdefault(name, {})["learner"] = {
+                "tokens_per_s": tps,
+                "ratio": tps / base if base else None,
+                "what": "learner (complete update)",
+            }
+    if "rollout" in reports:
+        rep = reports["rollout"]
+        rows = rep["recipes"]
+        engine = rep.get("engine", "builtin")
+        ref = rows.get("bf16") or next(iter(rows.values()), {"batches": {}})
+        batch = max(ref["batches"], key=int, default=None)
+        base = ref["batches"][batch]["tokens_per_s"] if "bf16" in rows and batch else None
+        for name, row in rows.items():
+            if batch not in row["batches"]:
+                continue
+            tps = row["batches"][batch]["tokens_per_s"]
+            recipes.setdefault(name, {})["rollout"] = {
+                "tokens_per_s": tps,
+                "ratio": tps / base if base else None,
+                "engine": engine,
+                "batch": int(batch),
+                "what": f"rollout ({engine} engine, batch {batch})",
+            }
+    first = reports.get("learner") or reports["rollout"]
+    return {
+        "device": first["device"],
+        "model": _model_of(first["shape"]),
+        "recipes": recipes,
+        "mlflow": {
+            kind: {name: ref.get("run_id", "") for name, ref in (rep.get("mlflow") or {}).items()}
+            for kind, rep in reports.items()
+        },
+        "files": [str(p) for p in paths],
+    }
+
+
+def throughput_runs(tp: dict[str, Any] | None) -> list[str]:
+    return sorted({rid for refs in ((tp or {}).get("mlflow") or {}).values() for rid in refs.values() if rid})
 
 
 def run_order(names) -> list[str]:
@@ -356,28 +430,16 @@ def fig_throughput(tp: dict[str, Any], out: Path, formats, dpi, title: str) -> l
 
     rows = []
     for name, r in tp["recipes"].items():
-        rows.append(
-            {
-                "run": name,
-                "what": "learner (complete update)",
-                "tps": r["learner"]["tokens_per_s"],
-                "ratio": r["learner_ratio_vs_bf16"],
-            }
-        )
-        rows.append(
-            {
-                "run": name,
-                "what": f"rollout ({r['rollout']['engine']} engine)",
-                "tps": r["rollout"]["tokens_per_s"],
-                "ratio": r["rollout_ratio_vs_bf16"],
-            }
-        )
+        for side in ("learner", "rollout"):
+            if side in r:
+                x = r[side]
+                rows.append({"run": name, "what": x["what"], "tps": x["tokens_per_s"], "ratio": x["ratio"]})
     df = pd.DataFrame(rows)
-    order = run_order(df["run"])
     colors = palette(df["run"])
     whats = list(dict.fromkeys(df["what"]))
     fig, axes = plt.subplots(1, len(whats), figsize=(5.2 * len(whats), 4.2), squeeze=False)
     for ax, what in zip(axes[0], whats, strict=True):
+        order = run_order(df.loc[df["what"] == what, "run"])
         sub = df[df["what"] == what].set_index("run").loc[order].reset_index()
         sns.barplot(
             data=sub,
@@ -391,8 +453,9 @@ def fig_throughput(tp: dict[str, Any], out: Path, formats, dpi, title: str) -> l
             ax=ax,
         )
         for i, r in sub.iterrows():
+            ratio = "" if r["ratio"] is None or pd.isna(r["ratio"]) else f"×{r['ratio']:.2f}\n"
             ax.annotate(
-                f"×{r['ratio']:.2f}\n{r['tps']:.3g}/s",
+                f"{ratio}{r['tps']:.3g}/s",
                 (i, r["tps"]),
                 ha="center",
                 va="bottom",
@@ -405,7 +468,9 @@ def fig_throughput(tp: dict[str, Any], out: Path, formats, dpi, title: str) -> l
         ax.set_ylim(0, sub["tps"].max() * 1.3)
     dev = tp["device"]
     where = "CPU numbers (pure-torch NVFP4 reference)" if dev["kind"] == "cpu" else dev["label"]
-    fig.suptitle(f"{title}: throughput, ratio to bf16 on each bar — {where}", y=1.02)
+    fig.suptitle(
+        f"{title}: throughput, ratio to bf16 on each bar — {where}\nmodel: {tp.get('model', 'n/a')}", y=1.06
+    )
     fig.tight_layout()
     return _save(fig, out, "throughput", formats, dpi)
 
@@ -638,17 +703,22 @@ def ablation_table_md(summary: pd.DataFrame) -> pd.DataFrame:
 
 def throughput_table(tp: dict[str, Any]) -> pd.DataFrame:
     rows = []
+    runs = tp.get("mlflow") or {}
     for name, r in tp["recipes"].items():
+        lr, ro = r.get("learner") or {}, r.get("rollout") or {}
         rows.append(
             {
                 "recipe": label(name),
-                "learner tok/s": r["learner"]["tokens_per_s"],
-                "learner ×bf16": r["learner_ratio_vs_bf16"],
-                "rollout tok/s": r["rollout"]["tokens_per_s"],
-                "rollout ×bf16": r["rollout_ratio_vs_bf16"],
-                "rollout engine": r["rollout"]["engine"],
+                "learner tok/s": lr.get("tokens_per_s"),
+                "learner ×bf16": lr.get("ratio"),
+                "rollout tok/s": ro.get("tokens_per_s"),
+                "rollout ×bf16": ro.get("ratio"),
+                "rollout engine": ro.get("engine", ""),
+                "rollout batch": ro.get("batch"),
                 "device": tp["device"]["kind"],
-                "MLflow run": ((tp.get("mlflow") or {}).get(name) or {}).get("run_id", "")[:8],
+                "MLflow runs (learner, rollout)": " ".join(
+                    (runs.get(kind) or {}).get(name, "")[:8] or "-" for kind in ("learner", "rollout")
+                ),
             }
         )
     return pd.DataFrame(rows)
@@ -703,7 +773,7 @@ def build(
     rl_dirs: list[str | Path],
     eval_files: list[str | Path],
     diag_files: list[str | Path],
-    throughput: str | Path | None,
+    throughput: str | Path | list[str | Path] | None,
     bench_files: list[str | Path],
     figures_dir: str | Path,
     tables_dir: str | Path,
@@ -719,12 +789,12 @@ def build(
     steps, runs = load_rl(rl_dirs)
     evals = load_evals(eval_files)
     diag = load_diagnose(diag_files)
-    tp = _read_json(Path(throughput)) if throughput else None
+    tp = load_throughput(throughput) if throughput else None
     summary = summary_table(runs, evals, diag)
     rl_runs = sorted(x for x in runs["mlflow_rl_run"] if x)
     eval_runs = sorted(x for x in evals.get("mlflow_eval_run", pd.Series(dtype=str)) if x)
     diag_runs = sorted(x for x in diag.get("mlflow_diagnose_run", pd.Series(dtype=str)) if x)
-    tp_runs = sorted(r.get("run_id", "") for r in ((tp or {}).get("mlflow") or {}).values())
+    tp_runs = throughput_runs(tp)
     src_rl = [str(Path(d) / "metrics.jsonl") for d in rl_dirs]
     manifest: dict[str, Any] = {"figures": {}, "tables": {}}
 
@@ -758,7 +828,7 @@ def build(
             "figures",
             "throughput",
             fig_throughput(tp, fdir, formats, dpi, title),
-            [str(throughput)],
+            tp["files"],
             tp_runs,
             "Learner (complete update) and rollout tokens/s per recipe; ratio to bf16 measured in the same "
             "process.",
@@ -803,7 +873,7 @@ def build(
             "tables",
             "throughput",
             write_table(throughput_table(tp), tdir, "throughput"),
-            [str(throughput)],
+            tp["files"],
             tp_runs,
             "Throughput per recipe and ratio to bf16.",
         )

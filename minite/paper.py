@@ -1,7 +1,7 @@
 """The paper-style report: Markdown assembled from the tables and figures of `minite figures`.
 
 Nothing in the report is typed by hand: every number comes from results/<profile>/ (tables, the
-throughput JSON, prepare metrics, the runs' resolved configs), every table and figure is copied next
+throughput reports, prepare metrics, the runs' resolved configs), every table and figure is copied next
 to the report and cites the MLflow runs it came from (from the figures manifest), and the summary
 sentences are generated from the same numbers. Rebuild it with the workflow (`... paper` target), not
 by editing the file.
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from minite.figures import label
+from minite.figures import label, load_throughput
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -60,9 +60,13 @@ def summary_sentences(summary: pd.DataFrame, tp: dict[str, Any]) -> list[str]:
             out.append(f"Final {task} exact match (lm-eval, greedy, the recipe's own sampler): {accs}.")
     if tp:
         dev = tp["device"]
+
+        def ratio(r: dict[str, Any], side: str) -> str:
+            x = (r.get(side) or {}).get("ratio")
+            return f"{side} ×{x:.2f}" if x is not None else f"{side} n/a"
+
         ratios = ", ".join(
-            f"{label(n)} learner ×{r['learner_ratio_vs_bf16']:.2f} / "
-            f"rollout ×{r['rollout_ratio_vs_bf16']:.2f}"
+            f"{label(n)} {ratio(r, 'learner')} / {ratio(r, 'rollout')}"
             for n, r in tp["recipes"].items()
             if n != "bf16"
         )
@@ -71,7 +75,7 @@ def summary_sentences(summary: pd.DataFrame, tp: dict[str, Any]) -> list[str]:
             if dev["kind"] == "cpu"
             else dev["label"]
         )
-        out.append(f"Throughput relative to bf16, {where}: {ratios}.")
+        out.append(f"Throughput relative to bf16, {where} ({tp.get('model', 'n/a')}): {ratios}.")
     return out
 
 
@@ -122,14 +126,14 @@ def build_report(
     figures_dir: str | Path,
     tables_dir: str | Path,
     out_dir: str | Path,
-    throughput: str | Path | None = None,
+    throughput: str | Path | list[str | Path] | None = None,
     prepare_metrics: str | Path | None = None,
     run_config: str | Path | None = None,
     commit: str = "unknown",
 ) -> Path:
     fdir, tdir, out = Path(figures_dir), Path(tables_dir), Path(out_dir)
     manifest = _read(fdir / "manifest.json")
-    tp = _read(Path(throughput)) if throughput else {}
+    tp = (load_throughput(throughput) if throughput else None) or {}
     prep = _read(Path(prepare_metrics)) if prepare_metrics else {}
     run_cfg = _read(Path(run_config)) if run_config else {}
     text_cols = {"eval_accuracy_pm": str, "reward_last_pm": str, "eval_task": str}

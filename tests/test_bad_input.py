@@ -13,17 +13,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
 from minite.cli import main as cli
 from minite.configuration import ConfigError, deep_merge
+
+
+@contextmanager
+def one_rank(**env: str) -> Iterator[None]:
+    """The environment torchrun gives the rank of a 1-process job (plus `env`): `minite train-dist`
+    then runs that rank in this process (gloo), so its errors reach this test's stderr."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    with mock.patch.dict(os.environ, {**rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **env}):
+        yield
 
 
 class Inputs:
@@ -66,6 +82,12 @@ class Inputs:
         path = self.yaml("run.yaml", self.run_config(**overrides))
         return cli(["train", "--config", str(path), "--no-progress", *extra])
 
+    def train_dist(self, *extra: str, env: dict[str, str] | None = None, **overrides: Any) -> int:
+        """`minite train-dist` as rank 0 of 1 (in this process), else like `train`."""
+        path = self.yaml("run.yaml", self.run_config(**overrides))
+        with one_rank(**(env or {})):
+            return cli(["train-dist", "--config", str(path), "--no-progress", *extra])
+
     def model_copy(self, weights: bool = True, config_text: str | None = None, **config: Any) -> Path:
         """The tiny model folder (files linked) with config.json fields replaced (or its whole text)."""
         dst = self.root / "model"
@@ -97,10 +119,35 @@ class Inputs:
 
         save_checkpoint(self.out / "checkpoint", torch.nn.Linear(16, 16), None, {"step": 1, "recipe": recipe})
         if corrupt:  # one flipped byte in the last tensor's data, e.g. bit rot or a bad copy
-            f = self.out / "checkpoint" / "model.safetensors"
-            blob = bytearray(f.read_bytes())
-            blob[-3] ^= 0xFF
-            f.write_bytes(bytes(blob))
+            _flip_byte(self.out / "checkpoint" / "model.safetensors")
+
+    def sharded_checkpoint(self, recipe: str = "minite", corrupt: bool = False) -> None:
+        """A real sharded checkpoint (DCP shards + state.json + manifest) in out/checkpoint_sharded, as
+        `minite train-dist` leaves it (written by one gloo rank)."""
+        import torch
+        import torch.distributed as dist
+
+        from minite.distributed.checkpoint import save_sharded_checkpoint
+
+        model = torch.nn.Linear(16, 16)
+        with one_rank():
+            dist.init_process_group("gloo")
+            try:
+                state = {"step": 1, "recipe": recipe}
+                save_sharded_checkpoint(
+                    self.out / "checkpoint_sharded", model, torch.optim.AdamW(model.parameters()), state
+                )
+            finally:
+                dist.destroy_process_group()
+        if corrupt:
+            (shard,) = (self.out / "checkpoint_sharded").glob("shard-*.safetensors")
+            _flip_byte(shard)
+
+
+def _flip_byte(f: Path) -> None:
+    blob = bytearray(f.read_bytes())
+    blob[-3] ^= 0xFF
+    f.write_bytes(bytes(blob))
 
 
 def _lines(n: int) -> str:
@@ -349,6 +396,62 @@ CASES: list[Case] = [
         ("written by recipe 'bf16', this run is 'minite'", "resume with the same recipe"),
         setup=lambda i: i.checkpoint(recipe="bf16"),
     ),
+    Case(
+        "train-resume-weights-only-checkpoint",
+        lambda i: i.train("--resume"),
+        ("out/checkpoint holds weights only, no optimizer state", "minite train-dist --resume"),
+        setup=lambda i: i.checkpoint(),  # like train-dist's consolidated checkpoint
+    ),
+    Case(
+        "train-dist-resume-without-checkpoint",
+        lambda i: i.train_dist("--resume"),
+        ("--resume: no checkpoint in", "out/checkpoint_sharded", "run without --resume to start from step 0"),
+    ),
+    Case(
+        "train-dist-resume-corrupted-shard",
+        lambda i: i.train_dist("--resume"),
+        (
+            "out/checkpoint_sharded",
+            "checksum mismatch for shard-00001-model-00001-of-00001.safetensors",
+            "restore the folder from a copy",
+        ),
+        setup=lambda i: i.sharded_checkpoint(corrupt=True),
+    ),
+    Case(
+        "train-dist-resume-other-recipe",
+        lambda i: i.train_dist("--resume"),
+        (
+            "checkpoint_sharded was written by recipe 'bf16', this run is 'minite'",
+            "resume with the same recipe",
+        ),
+        setup=lambda i: i.sharded_checkpoint(recipe="bf16"),
+    ),
+    Case(
+        "train-dist-resume-minite-train-checkpoint",
+        lambda i: i.train_dist("--resume"),
+        (
+            "no checkpoint in",
+            "checkpoint_sharded",
+            "a `minite train` run, which `minite train --resume` continues",
+        ),
+        setup=lambda i: i.checkpoint(),
+    ),
+    # --- the vLLM sampler's memory share (rl.sampler.gpu_memory_utilization) ----------------------
+    Case(
+        "train-sampler-memory-out-of-range",
+        lambda i: i.train(sampler={"engine": "vllm", "gpu_memory_utilization": 1.5}),
+        ("run.yaml.sampler", "gpu_memory_utilization must be a fraction in (0, 1], got 1.5"),
+    ),
+    Case(
+        "train-sampler-memory-builtin-engine",
+        lambda i: i.train(sampler={"gpu_memory_utilization": 0.3}),
+        ("gpu_memory_utilization is a vLLM setting", "set sampler.engine to 'vllm', or drop the key"),
+    ),
+    Case(
+        "train-dist-retired-memory-env",
+        lambda i: i.train_dist(env={"MINITE_VLLM_MEMORY_FRACTION": "0.4"}, sampler={"engine": "vllm"}),
+        ("MINITE_VLLM_MEMORY_FRACTION is no longer read", "--set sampler.gpu_memory_utilization=0.4"),
+    ),
     # --- recipes (configs/recipes/*.yaml, ablation `recipe:` mappings) ------------------------------
     Case(
         "recipe-unknown-key",
@@ -444,26 +547,44 @@ CASES: list[Case] = [
     # --- other verbs ------------------------------------------------------------------------------
     Case("cli-unknown-verb", lambda i: cli(["trian"]), ("unknown verb 'trian'", "did you mean 'train'")),
     Case(
-        "bench-bad-settings-json",
+        "bench-layers-with-model-dir",
         lambda i: cli(
             [
                 "bench",
+                "learner",
                 "--model-dir",
                 str(i.model_dir),
+                "--layers",
+                "4",
                 "--recipes",
                 "bf16",
-                "--settings",
-                "{learner: 1",
                 "--out",
-                str(i.out / "throughput.json"),
+                str(i.out / "learner.json"),
             ]
         ),
-        ("--settings: not valid JSON",),
+        ("--layers 4 with --model-dir", "drop --layers"),
     ),
     Case(
         "resolve-bad-spec-json",
         lambda i: cli(["resolve", "--spec", "{run: minite", "--out", str(i.out)]),
-        ("--spec: not valid JSON",),
+        (
+            "--spec is not valid JSON",
+            "at line 1 column 2: '{<HERE>run: minite'",  # where it failed
+            "--spec takes one JSON object, the run spec of minite.profiles.resolve_run",  # what it wants
+            '"run"',
+            '"recipe_mapping"',
+            "keys and strings in double quotes",
+        ),
+    ),
+    Case(
+        "resolve-spec-not-an-object",
+        lambda i: cli(["resolve", "--spec", '["minite"]', "--out", str(i.out)]),
+        ("--spec is a JSON array, not an object", "--spec takes one JSON object"),
+    ),
+    Case(
+        "resolve-spec-missing-keys",
+        lambda i: cli(["resolve", "--spec", '{"run": "minite"}', "--out", str(i.out)]),
+        ("--spec: missing key(s) ['recipe_mapping', 'rl']", '"rl" (TrainConfig fields'),
     ),
     Case(
         "prepare-unknown-kind",

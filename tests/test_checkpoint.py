@@ -9,6 +9,7 @@ from minite.checkpoint import (
     find_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    verified_checkpoint,
     verify_checkpoint,
 )
 
@@ -92,3 +93,87 @@ def test_verify_hashes_with_the_callers_function(tmp_path):
     with pytest.raises(CheckpointError, match="checksum mismatch for model.safetensors"):
         verify_checkpoint(tmp_path / "ck", hash_files)
     assert seen == list(verify_checkpoint(tmp_path / "ck"))
+
+
+def _counting_hashes(monkeypatch):
+    import minite.checkpoint as ck
+
+    seen = []
+    real = ck.sha256_file
+
+    def counting(path):
+        seen.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(ck, "sha256_file", counting)
+    return seen
+
+
+def test_verified_checkpoint_loads_without_hashing_again(tmp_path, monkeypatch):
+    """A caller that just verified the checkpoint hands the loader the VerifiedCheckpoint: no file is
+    hashed twice. Given a path, the loader still hashes (and checks) every file."""
+    m, opt = _model_opt()
+    save_checkpoint(tmp_path / "ck", m, opt, {"step": 3})
+    seen = _counting_hashes(monkeypatch)
+    verified = verified_checkpoint(tmp_path / "ck")
+    assert sorted(seen) == sorted(verified.manifest)
+    seen.clear()
+    m2, opt2 = _model_opt(seed=1)
+    assert load_checkpoint(verified, m2, opt2)["step"] == 3
+    assert seen == []
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters(), strict=True))
+    load_checkpoint(tmp_path / "ck", m2, opt2)  # alone: verifies
+    assert sorted(seen) == sorted(verified.manifest)
+
+
+def test_verified_checkpoint_refuses_another_swapped_in(tmp_path):
+    """Between the check and the load another checkpoint replaced it: its files were never hashed."""
+    m, opt = _model_opt()
+    save_checkpoint(tmp_path / "ck", m, opt, {"step": 1})
+    verified = verified_checkpoint(tmp_path / "ck")
+    m2, opt2 = _model_opt(seed=1)
+    save_checkpoint(tmp_path / "ck", m2, opt2, {"step": 2})
+    with pytest.raises(CheckpointError, match="manifest.json changed after the checkpoint was verified"):
+        load_checkpoint(verified, m, opt)
+    (tmp_path / "ck" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="manifest.json changed"):
+        load_checkpoint(verified, m, opt)
+
+
+def test_sharded_checkpoint_verified_once(tmp_path, monkeypatch):
+    """The sharded checkpoint (one gloo rank): `train-dist --resume` verifies it in check_inputs with the
+    ranks' split hashing, and loading that VerifiedCheckpoint hashes nothing again; a path alone is
+    verified by the loader (a corrupted shard is refused)."""
+    import os
+    import socket
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from minite.distributed.checkpoint import hash_files, load_sharded_checkpoint, save_sharded_checkpoint
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    with mock.patch.dict(os.environ, env):
+        dist.init_process_group("gloo")
+        try:
+            m, opt = _model_opt()
+            save_sharded_checkpoint(tmp_path / "ck", m, opt, {"step": 5})
+            seen = _counting_hashes(monkeypatch)
+            verified = verified_checkpoint(tmp_path / "ck", hash_files)
+            assert sorted(seen) == sorted(verified.manifest) and len(seen) == 2  # the shard, state.json
+            seen.clear()
+            m2, opt2 = _model_opt(seed=1)
+            assert load_sharded_checkpoint(verified, m2, opt2)["step"] == 5
+            assert seen == []
+            assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters(), strict=True))
+            (shard,) = (tmp_path / "ck").glob("shard-*.safetensors")
+            blob = bytearray(shard.read_bytes())
+            blob[-1] ^= 0xFF
+            shard.write_bytes(bytes(blob))
+            with pytest.raises(CheckpointError, match=f"checksum mismatch for {shard.name}"):
+                load_sharded_checkpoint(tmp_path / "ck", m2, opt2)
+        finally:
+            dist.destroy_process_group()

@@ -116,6 +116,9 @@ def spec_json(run):
 # what the rl/eval/diagnose shell commands pass as folders (params: constant for a given profile)
 DIRS = dict(model=f"{PREP}/base_model", data=f"{PREP}/data")
 
+# the throughput stage's reports, one per `minite bench` verb (read by figures and paper)
+THROUGHPUT = {verb: f"{RES}/throughput/{verb}.json" for verb in ("learner", "rollout")}
+
 
 def rl_dir(run, seed):
     return f"{RES}/rl/{run}/seed{seed}"

@@ -12,7 +12,7 @@ rule figures:
         rl=rl_outputs(RUNS),
         evals=eval_outputs(RUNS) + ([BASE_EVAL] if EVAL_BASE else []),
         diagnose=diagnose_outputs(RUNS),
-        throughput=f"{RES}/throughput/throughput.json",
+        throughput=list(THROUGHPUT.values()),
     output:
         rl_curves=report(f"{FIGS}/rl_curves.png", category="RL", caption="../paper/captions/rl_curves.rst"),
         mismatch=report(f"{FIGS}/mismatch.png", category="RL", caption="../paper/captions/mismatch.rst"),
@@ -46,7 +46,7 @@ rule paper:
     input:
         manifest=f"{FIGS}/manifest.json",
         summary=f"{TABLES}/summary.csv",
-        throughput=f"{RES}/throughput/throughput.json",
+        throughput=list(THROUGHPUT.values()),
         prepare=f"{PREP}/prepare_metrics.json",
         run_config=f"{rl_dir(config['recipes'][-1], seeds(config['recipes'][-1])[0])}/config.json",
     output:

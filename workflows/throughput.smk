@@ -1,46 +1,91 @@
-# Stage 5: learner and rollout throughput of every recipe, in one process (ratios to bf16 measured
-# in the same run). It takes every core (threads = --cores), so Snakemake runs it alone.
+# Stage 5: learner and rollout throughput of every recipe: `minite bench learner` and `minite bench
+# rollout`, one rule each, each measuring every recipe in one process (ratios to bf16 measured in the
+# same run) and writing results/<profile>/throughput/{learner,rollout}.json (+ .md beside). The model is
+# the profile's prepared base model (--model-dir), or with `throughput.shape` a built shape
+# (--shape, --layers: how results/bench/*_h200.* were made, scripts/gpu/bench_h200.sh), e.g.
+#   snakemake --cores 16 throughput_learner throughput_rollout --config profile=h200 \
+#       'throughput={shape: qwen3-30b-a3b, activation_reserve_gib: 40}'
+# Each takes every core (threads = --cores), so Snakemake runs them alone, one after the other.
 
-TP_RECIPES = list(dict.fromkeys(["bf16", *(config["throughput"].get("recipes") or config["recipes"])]))
+TP = config["throughput"]
+TP_RECIPES = list(dict.fromkeys(["bf16", *(TP.get("recipes") or config["recipes"])]))
 
 
-rule throughput:
+def bench_flags(settings):
+    """The `minite bench` flags of profile settings: --key value (lists spread; a false boolean is
+    --no-key, a true one the default)."""
+    out = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out += [] if value else [f"--no-{key.replace('_', '-')}"]
+        elif isinstance(value, list):
+            out.append(" ".join([flag, *map(str, value)]))
+        elif value is not None:
+            out.append(f"{flag} {value}")
+    return " ".join(out)
+
+
+def bench_model():
+    """--model-dir <the prepared base model>, or the built shape of throughput.shape."""
+    if not TP.get("shape"):
+        return f"--model-dir {DIRS['model']}"
+    keys = ("shape", "layers", "activation_reserve_gib")
+    return bench_flags({k: TP[k] for k in keys if k in TP})
+
+
+TP_MODEL = [] if TP.get("shape") else [f"{PREP}/base_model/config.json"]
+TP_INPUTS = dict(model=TP_MODEL, recipes=[f"{RES}/runs/{r}/recipe.yaml" for r in TP_RECIPES])
+LEARNER_FLAGS = bench_flags(
+    {
+        "micro_batch": config["rl"].get("micro_batch"),
+        "compute_dtype": (config["rl"].get("optim") or {}).get("compute_dtype"),
+        **(TP.get("learner") or {}),
+    }
+)
+ROLLOUT_FLAGS = bench_flags(
+    {
+        "engine": TP.get("engine") or (config["rl"].get("sampler") or {}).get("engine", "builtin"),
+        **(TP.get("rollout") or {}),
+    }
+)
+
+
+rule throughput_learner:
     input:
-        model=f"{PREP}/base_model/config.json",
-        recipes=[f"{RES}/runs/{r}/recipe.yaml" for r in TP_RECIPES],
+        **TP_INPUTS,
     output:
-        f"{RES}/throughput/throughput.json",
+        THROUGHPUT["learner"],
     params:
-        settings=json.dumps({**config["throughput"], "rl": config["rl"]}, sort_keys=True),
-        model=DIRS["model"],
+        model=bench_model(),
+        flags=LEARNER_FLAGS,
     log:
-        f"{LOGS}/throughput/throughput.log",
+        f"{LOGS}/throughput/learner.log",
     benchmark:
-        f"{BENCH}/throughput/throughput.tsv"
+        f"{BENCH}/throughput/learner.tsv"
     threads: threads_of("throughput", max(1, workflow.cores or 1))
     resources:
         **resources_of("throughput"),
     shell:
-        "OMP_NUM_THREADS={threads} {MINITE} bench --model-dir {params.model} --recipes {input.recipes}"
-        " --settings {params.settings:q} --threads {threads} --out {output}"
-        " --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {MINITE} bench learner {params.model} --recipes {input.recipes}"
+        " {params.flags} --threads {threads} --out {output} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
 
 
-# `minite bench learner` / `minite bench rollout` at Qwen3-30B-A3B layer shapes, built on the GPU with
-# as many layers as fit it (not part of `all`; results/bench/*_h200.* were made this way):
-#   snakemake --cores 16 bench_h200 --config profile=h200
-rule bench_h200:
+rule throughput_rollout:
+    input:
+        **TP_INPUTS,
     output:
-        learner=f"{RES}/throughput/learner_h200.json",
-        rollout=f"{RES}/throughput/rollout_h200.json",
+        THROUGHPUT["rollout"],
+    params:
+        model=bench_model(),
+        flags=ROLLOUT_FLAGS,
     log:
-        f"{LOGS}/throughput/bench_h200.log",
+        f"{LOGS}/throughput/rollout.log",
     benchmark:
-        f"{BENCH}/throughput/bench_h200.tsv"
+        f"{BENCH}/throughput/rollout.tsv"
     threads: threads_of("throughput", max(1, workflow.cores or 1))
     resources:
         **resources_of("throughput"),
     shell:
-        "({MINITE} bench learner --activation-reserve-gib 40 --max-seconds 15 --out {output.learner}"
-        " && {MINITE} bench rollout --activation-reserve-gib 40 --max-seconds 3 --out {output.rollout})"
-        " > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {MINITE} bench rollout {params.model} --recipes {input.recipes}"
+        " {params.flags} --threads {threads} --out {output} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"

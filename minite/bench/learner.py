@@ -1,4 +1,10 @@
-"""Learner throughput at Qwen3-30B-A3B layer shapes on one GPU (`minite bench learner`).
+"""Learner throughput of every recipe on one device (`minite bench learner`).
+
+What is measured, either of two models (the same code times both):
+  - `--model-dir DIR`: a Qwen3-MoE checkpoint folder, its weights and depth (the workflow's
+    throughput_learner rule: the profile's prepared base model);
+  - `--shape qwen3-30b-a3b --layers N|auto` (or `--shape toy`): a model built from layer shapes with a
+    seeded random init, no checkpoint (what results/bench/learner_h200.* used).
 
 What is timed: one *complete* learner update through the project's `Trainer`, exactly an RL step's
 learner side: log-prob recompute (no grad) + forward + backward + AdamW step, on a fixed synthetic
@@ -7,8 +13,8 @@ forward passes see / median seconds per update (after `warmup` untimed updates);
 is reported too. Every recipe runs in the same process, one after the other, on the same tokens and
 the same initial weights, and the ratios come from those measured times.
 
-The model: transformers' `Qwen3MoeForCausalLM` built from a `Qwen3MoeConfig` with Qwen3-30B-A3B's layer
-shapes (hidden 2048, 32 query / 4 KV heads of 128, 128 experts top-8, expert FFN 768, vocab 151,936,
+The built shape: transformers' `Qwen3MoeForCausalLM` from a `Qwen3MoeConfig` with Qwen3-30B-A3B's
+layer shapes (hidden 2048, 32 query / 4 KV heads of 128, 128 experts top-8, expert FFN 768, vocab 151,936,
 untied lm_head) directly on the device with a seeded random init (no checkpoint), and as many decoder
 layers as fit one GPU with the trainer's state. `layers_that_fit` counts the parameters of the real
 modules (built on the meta device) and budgets `bytes_per_param` for each (default 20: fp32 master 4,
@@ -27,9 +33,9 @@ around every NVFP4 quantize and NVFP4 GEMM call, the float64 attention core, the
 per-parameter gradient passes. Per-layer numbers include the recompute forward. Launch-bound code shows
 up as device idle time inside the region that launched it, which is where it belongs.
 
-Extrapolation to 48 layers (the real model): t(48) = fixed + Σ layers + (optimizer + gradient passes)
-× params(48)/params(N), each layer at the measured mean of its kind (quantized, or bf16 per
-bf16_first/last_blocks), `fixed` (embedding, lm_head, loss, parameter casts) once; scaled by the
+Extrapolation to 48 layers (the real model; built shapes only): t(48) = fixed + Σ layers + (optimizer +
+gradient passes) × params(48)/params(N), each layer at the measured mean of its kind (quantized, or bf16
+per bf16_first/last_blocks), `fixed` (embedding, lm_head, loss, parameter casts) once; scaled by the
 timed/instrumented ratio. It assumes depth does not change a layer's cost and ignores that 48 layers of
 state need several GPUs (no communication is modelled).
 """
@@ -43,12 +49,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from minite.bench.throughput import Clock, bench_device, device_info, environment, synthetic_batch
+from minite.configuration import ConfigError
 from minite.recipes import Recipe, get_recipe
 
 GIB = 1024**3
@@ -89,6 +97,7 @@ TOY: dict[str, Any] = {
     "max_position_embeddings": 1024,
 }
 SHAPES = {"qwen3-30b-a3b": QWEN3_30B_A3B, "toy": TOY}
+DEFAULT_SHAPE = "qwen3-30b-a3b"
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class LearnerConfig:
     warmup: int = 1
     iters: int = 3
     breakdown: bool = True
+    compute_dtype: str = "bfloat16"  # the trainer's forward/backward dtype (OptimConfig.compute_dtype)
     # stop timing a recipe after this many seconds of timed updates (at least one): keeps a slow
     # baseline from eating the run; the JSON records how many updates each median is over
     max_seconds: float | None = None
@@ -108,10 +118,82 @@ class LearnerConfig:
 # --- the model ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Source:
+    """The model a bench measures: a built shape (seeded random init, no checkpoint) or a model folder
+    (its weights and depth). `shape` holds Qwen3-MoE config fields (a model folder's whole config)."""
+
+    name: str  # the shape's name, or the model folder
+    shape: dict[str, Any]
+    layers: int
+    layers_rule: str
+    model_dir: str | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.model_dir is None
+
+    def summary(self) -> dict[str, Any]:
+        """The report's `shape` entry: the layer shapes (QWEN3_30B_A3B's fields), depth and source."""
+        keys = [k for k in QWEN3_30B_A3B if k != "num_hidden_layers"]
+        return {
+            "name": self.name,
+            "source": "model_dir" if self.model_dir else "built",
+            **{k: self.shape[k] for k in keys if k in self.shape},
+            "num_hidden_layers": self.layers,
+            "layers_rule": self.layers_rule,
+        }
+
+
+def resolve_source(
+    shape_name: str | None,
+    layers: int | str | None,
+    model_dir: str | None,
+    device: torch.device,
+    bytes_per_param: float = 20.0,
+    activation_reserve_gib: float = 24.0,
+) -> Source:
+    """The Source of `--model-dir DIR` (the folder's config; its own depth) or of `--shape NAME --layers
+    N|auto` (default shape: Qwen3-30B-A3B). Fails before any compute on a bad combination or folder."""
+    if model_dir is not None:
+        if shape_name is not None:
+            raise ConfigError("--shape and --model-dir: give one (a built shape, or a model folder)")
+        if layers not in (None, "auto"):
+            raise ConfigError(
+                f"--layers {layers} with --model-dir: the model folder sets its own depth; drop --layers "
+                "(or measure a built shape: --shape NAME --layers N)"
+            )
+        path = Path(model_dir)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"--model-dir {model_dir}: no config.json (not a model folder)")
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(str(path))
+        if cfg.model_type != "qwen3_moe":
+            raise ConfigError(
+                f"--model-dir {model_dir}: model_type {cfg.model_type!r}; the benches measure Qwen3-MoE "
+                "models (model_type 'qwen3_moe')"
+            )
+        n = int(cfg.num_hidden_layers)
+        # the whole config, with the layer-shape fields under the names QWEN3_30B_A3B uses (transformers
+        # saves e.g. num_experts as num_local_experts; the attribute names resolve either)
+        shape = {**cfg.to_dict(), **{k: getattr(cfg, k) for k in QWEN3_30B_A3B if hasattr(cfg, k)}}
+        return Source(str(model_dir), shape, n, "the model folder's own depth", str(model_dir))
+    name = shape_name or DEFAULT_SHAPE
+    if name not in SHAPES:
+        raise ConfigError(f"--shape {name!r}: use one of {', '.join(SHAPES)}")
+    shape = dict(SHAPES[name])
+    n, rule = resolve_layers(
+        "auto" if layers is None else layers, shape, device, bytes_per_param, activation_reserve_gib
+    )
+    return Source(name, {**shape, "num_hidden_layers": n}, n, rule)
+
+
 def model_config(shape: dict[str, Any], layers: int):
+    """A Qwen3MoeConfig of `shape` (layer shapes, or a model folder's whole config) at `layers` layers."""
     from transformers import Qwen3MoeConfig
 
-    cfg = Qwen3MoeConfig(**{**shape, "num_hidden_layers": int(layers)})
+    cfg = Qwen3MoeConfig.from_dict({**shape, "num_hidden_layers": int(layers)})
     cfg._attn_implementation = "sdpa"
     return cfg
 
@@ -148,7 +230,13 @@ def resolve_layers(
 ):
     """(layers, how they were chosen)."""
     if str(layers) != "auto":
-        return int(layers), "given"
+        try:
+            n = int(layers)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigError(f"--layers {layers!r}: a number of decoder layers >= 1, or 'auto'")
+        return n, "given"
     if device.type != "cuda":
         return int(shape["num_hidden_layers"]), "the shape's own depth (CPU)"
     total = torch.cuda.get_device_properties(device).total_memory
@@ -171,6 +259,16 @@ def init_weights(model: nn.Module, std: float, seed: int) -> None:
             p.normal_(0.0, std, generator=gen)
         else:
             p.fill_(1.0)
+
+
+def load_model(source: Source, device: torch.device, seed: int):
+    """The fp32 model of `source` on `device`: a model folder's weights, or a built shape."""
+    if source.built:
+        return build_model(source.shape, source.layers, device, seed)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source.model_dir, dtype=torch.float32)
+    return model.to(device)
 
 
 def build_model(shape: dict[str, Any], layers: int, device: torch.device, seed: int, dtype=torch.float32):
@@ -389,7 +487,14 @@ def _instrument(tl: Timeline, trainer, device: torch.device) -> None:
 
 
 def summarize_breakdown(
-    tl: Timeline, total_ms: float, recipe: Recipe, layers: int, params: int, fixed: int, per_layer: int
+    tl: Timeline,
+    total_ms: float,
+    recipe: Recipe,
+    layers: int,
+    params: int,
+    fixed: int,
+    per_layer: int,
+    extrapolate: bool = True,
 ) -> dict[str, Any]:
     mod = tl.module_ms()
     fn = tl.function_ms()
@@ -452,6 +557,8 @@ def summarize_breakdown(
             "lm_head, loss, bf16 parameter casts)"
         ),
     }
+    if not extrapolate:
+        return out
     # extrapolation to 48 layers, see the module docstring
     n48 = EXTRAPOLATE_LAYERS
     q48 = sum(recipe.trainer.block_is_quantized(i, n48) for i in range(n48))
@@ -470,8 +577,7 @@ def summarize_breakdown(
 
 def measure_recipe(
     recipe: Recipe,
-    shape: dict[str, Any],
-    layers: int,
+    source: Source,
     cfg: LearnerConfig,
     device: torch.device,
     seed: int = 0,
@@ -480,14 +586,16 @@ def measure_recipe(
     from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
     from minite.rl.grpo import GRPOConfig
 
+    shape, layers = source.shape, source.layers
     clock = Clock(device)
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
-    model = build_model(shape, layers, device, seed)
+    model = load_model(source, device, seed)
     params = sum(p.numel() for p in model.parameters())
-    trainer = Trainer(model, recipe, OptimConfig(lr=1e-6), GRPOConfig(group_size=2), seed=seed)
+    optim = OptimConfig(lr=1e-6, compute_dtype=cfg.compute_dtype)
+    trainer = Trainer(model, recipe, optim, GRPOConfig(group_size=2), seed=seed)
     build_s = time.perf_counter() - t0
-    batch = synthetic_batch(_as_throughput_cfg(cfg), shape["vocab_size"], pad_id=0, seed=seed)
+    batch = synthetic_batch(cfg, shape["vocab_size"], pad_id=0, seed=seed)
     batch = TokenBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
     adv = torch.randn(cfg.batch, generator=torch.Generator().manual_seed(seed + 1)).to(device)
     step = [0]
@@ -560,14 +668,10 @@ def measure_recipe(
         finally:
             tl.detach()
         total = clock.elapsed_ms(a, b)
-        row["breakdown"] = summarize_breakdown(tl, total, recipe, layers, params, fixed, per_layer)
+        row["breakdown"] = summarize_breakdown(
+            tl, total, recipe, layers, params, fixed, per_layer, extrapolate=source.built
+        )
     return row
-
-
-def _as_throughput_cfg(cfg: LearnerConfig):
-    from minite.bench.throughput import LearnerBench
-
-    return LearnerBench(batch=cfg.batch, prompt_len=cfg.prompt_len, completion_len=cfg.completion_len)
 
 
 # --- the report ------------------------------------------------------------------------------------------
@@ -612,9 +716,13 @@ def derive(report: dict[str, Any]) -> dict[str, Any]:
             "met_best": report["ratios_best"][k] >= v,
         }
         for k, v in TARGETS.items()
-        if k in report["ratios"]
+        if k in report["ratios"] and report["shape"].get("source", "built") == "built"  # set for the shapes
     }
-    ex = {name: r["breakdown"]["extrapolation_48"] for name, r in rows.items() if "breakdown" in r}
+    ex = {
+        name: r["breakdown"]["extrapolation_48"]
+        for name, r in rows.items()
+        if "extrapolation_48" in r.get("breakdown", {})
+    }
     if ex:
         shape = report["shape"]
         report["extrapolation_48"] = {
@@ -635,24 +743,28 @@ def derive(report: dict[str, Any]) -> dict[str, Any]:
 
 def run(
     recipes: list[Recipe],
-    shape_name: str,
-    layers: int | str,
     cfg: LearnerConfig,
     *,
+    shape: str | None = None,
+    layers: int | str | None = None,
+    model_dir: str | None = None,
     bytes_per_param: float = 20.0,
     activation_reserve_gib: float = 24.0,
     seed: int = 0,
-    shape_overrides: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
     command: str | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure every recipe in this process (the report so far goes to `progress` after each)."""
-    shape = {**SHAPES[shape_name], **(shape_overrides or {})}
+    """Measure every recipe in this process on the model of `model_dir`, or of `shape` at `layers`
+    (see resolve_source); the report so far goes to `progress` after each recipe."""
     device = bench_device()
-    n, rule = resolve_layers(layers, shape, device, bytes_per_param, activation_reserve_gib)
-    fixed, per_layer = param_counts(shape)
-    log(f"learner: {shape_name} x {n} layers ({fixed + per_layer * n:,} parameters) on {device}; {rule}")
+    source = resolve_source(shape, layers, model_dir, device, bytes_per_param, activation_reserve_gib)
+    n = source.layers
+    fixed, per_layer = param_counts(source.shape)
+    log(
+        f"learner: {source.name} x {n} layers ({fixed + per_layer * n:,} parameters) on {device}; "
+        f"{source.layers_rule}"
+    )
     rows: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     report: dict[str, Any] = {}
@@ -660,7 +772,7 @@ def run(
         log(f"learner: {recipe.name} ...")
         release()
         try:
-            rows[recipe.name] = measure_recipe(recipe, shape, n, cfg, device, seed, log)
+            rows[recipe.name] = measure_recipe(recipe, source, cfg, device, seed, log)
         except torch.OutOfMemoryError as exc:  # recorded; the other recipes still run
             failed[recipe.name] = f"OutOfMemoryError at {n} layers: {str(exc)[:300]}"
             log(f"learner: {recipe.name}: {failed[recipe.name]}")
@@ -669,18 +781,7 @@ def run(
             r = rows[recipe.name]
             log(f"learner: {recipe.name}: {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.3f} s/update)")
         report = _report(
-            rows,
-            failed,
-            shape,
-            shape_name,
-            n,
-            fixed,
-            per_layer,
-            rule,
-            cfg,
-            bytes_per_param,
-            activation_reserve_gib,
-            command,
+            rows, failed, source, fixed, per_layer, cfg, bytes_per_param, activation_reserve_gib, command
         )
         if progress is not None:
             progress(report)
@@ -688,34 +789,22 @@ def run(
 
 
 def _report(
-    rows,
-    failed,
-    shape,
-    shape_name,
-    n,
-    fixed,
-    per_layer,
-    rule,
-    cfg,
-    bytes_per_param,
-    activation_reserve_gib,
-    command,
+    rows, failed, source: Source, fixed, per_layer, cfg, bytes_per_param, activation_reserve_gib, command
 ) -> dict[str, Any]:
+    n = source.layers
+    shape = {
+        **source.summary(),
+        "params": fixed + per_layer * n,
+        "params_per_layer": per_layer,
+        "params_outside_layers": fixed,
+    }
+    if source.built:
+        shape |= {"bytes_per_param_budget": bytes_per_param, "activation_reserve_gib": activation_reserve_gib}
     report: dict[str, Any] = {
         "kind": "learner",
         "device": device_info(),
         "environment": environment(command=command),
-        "shape": {
-            "name": shape_name,
-            **{k: v for k, v in shape.items() if k != "num_hidden_layers"},
-            "num_hidden_layers": n,
-            "params": fixed + per_layer * n,
-            "params_per_layer": per_layer,
-            "params_outside_layers": fixed,
-            "layers_rule": rule,
-            "bytes_per_param_budget": bytes_per_param,
-            "activation_reserve_gib": activation_reserve_gib,
-        },
+        "shape": shape,
         "config": {
             **dataclasses.asdict(cfg),
             "tokens_per_update": cfg.batch * (cfg.prompt_len + cfg.completion_len),
@@ -726,12 +815,18 @@ def _report(
     return derive(report)
 
 
+def describe(shape: dict[str, Any]) -> str:
+    """How a report's title names its model: layer shapes (built) or the model folder."""
+    if shape.get("source") == "model_dir":
+        return f"model {shape['name']}, {shape['num_hidden_layers']} layers"
+    return f"{shape['name']} layer shapes, {shape['num_hidden_layers']} layers"
+
+
 def markdown(report: dict[str, Any]) -> str:
     env, dev, shape, cfg = report["environment"], report["device"], report["shape"], report["config"]
     rows = report["recipes"]
     lines = [
-        f"# Learner throughput: {shape['name']} layer shapes, {shape['num_hidden_layers']} layers "
-        f"({dev['label']})",
+        f"# Learner throughput: {describe(shape)} ({dev['label']})",
         "",
         f"- command: `{env['command']}`"
         + (f" (reproduce: `{env['reproduce']}`)" if env.get("reproduce") else ""),

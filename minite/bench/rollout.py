@@ -1,14 +1,20 @@
-"""Rollout (decode) throughput of the built-in sampler at Qwen3-30B-A3B layer shapes (`minite bench rollout`).
+"""Rollout (decode) throughput of every recipe's sampler on one device (`minite bench rollout`).
 
-The engine: the built-in sampler's model (`minite.engines.sampler.BuiltinSampler`: transformers'
-Qwen3-MoE in bf16 with the recipe's *sampler* numerics swapped in), built directly on the device with a
-seeded random init, its NVFP4 weights put in place by the recipe's weight path (`export_weights` ->
-`load_weights`: a re-exported checkpoint for te_nvfp4, the trainer-exact bytes for minite; here exported
-from the sampler's own bf16 weights, as no trainer is running). The decode loop is the built-in
-sampler's own GPU loop (`minite.engines.decode.Decoder`): every tensor on the device, a preallocated KV
-cache, a 4-D attention mask, and, on CUDA, the decode step captured once per batch size as a CUDA graph
-and replayed (transformers' forward launches hundreds of small kernels per layer; replaying removes the
-host from the loop). Sampling
+The model, either of two (as `minite bench learner`, see minite.bench.learner.resolve_source):
+`--model-dir DIR`, a Qwen3-MoE checkpoint folder (the workflow's throughput_rollout rule: the profile's
+prepared base model; its weights reach the sampler through the recipe's weight path from the
+trainer-side policy, as in RL), or `--shape qwen3-30b-a3b --layers N|auto` (or `--shape toy`), built with
+a seeded random init (what results/bench/rollout_h200.* used; the NVFP4 weights are exported from the
+sampler's own bf16 weights, as no trainer is running).
+
+The engine (`--engine builtin`, the default): the built-in sampler's model
+(`minite.engines.sampler.BuiltinSampler`: transformers' Qwen3-MoE in bf16 with the recipe's *sampler*
+numerics swapped in), built directly on the device, its NVFP4 weights put in place by the recipe's weight
+path (`export_weights` -> `load_weights`: a re-exported checkpoint for te_nvfp4, the trainer-exact bytes
+for minite). The decode loop is the built-in sampler's own device loop (`minite.engines.decode.Decoder`):
+every tensor on the device, a preallocated KV cache, a 4-D attention mask, and, on CUDA, the decode step
+captured once per batch size as a CUDA graph and replayed (transformers' forward launches hundreds of
+small kernels per layer; replaying removes the host from the loop). Sampling
 (softmax + multinomial at temperature 1, EOS disabled, every row generates `max_new_tokens`) runs
 outside the graph. The same step is also timed without the graph (`eager_step_ms`): the difference is
 the Python/launch overhead of the step.
@@ -20,6 +26,11 @@ what bounds a step: the bytes of weights it must read (expected distinct experts
 for that batch, NVFP4 = 4.5 bits/element with its E4M3 block scales, bf16 = 16; plus the bf16 lm_head,
 router and the KV cache) over the device copy bandwidth measured in the same process. Every recipe runs
 in one process on the same prompts; the ratios to bf16 come from those times.
+
+`--engine vllm` (with `--model-dir` only): the recipe's vLLM engine (minite.runs.build_sampler, weights
+synced from the trainer-side policy), timed end to end per batch size: `generate` on the same random
+prompts at temperature 1 (vLLM may stop early at EOS; only generated tokens are counted). It reports
+generated tokens/s only (no decode-step split).
 """
 
 from __future__ import annotations
@@ -35,16 +46,20 @@ import torch
 
 from minite.bench.learner import (
     EXTRAPOLATE_LAYERS,
-    SHAPES,
+    Source,
+    describe,
     init_weights,
     model_config,
     param_counts,
     release,
-    resolve_layers,
+    resolve_source,
 )
 from minite.bench.throughput import Clock, bench_device, device_info, environment
+from minite.configuration import ConfigError
 from minite.engines.decode import Decoder
 from minite.recipes import NumericsSpec, Recipe
+
+ENGINES = ("builtin", "vllm")
 
 NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # packed E2M1 + one E4M3 scale per 16 elements
 BF16_BYTES = 2
@@ -66,9 +81,17 @@ class RolloutConfig:
 # --- the engine --------------------------------------------------------------------------------------------
 
 
-def build_sampler(recipe: Recipe, shape: dict[str, Any], layers: int, device: torch.device, seed: int):
-    """The built-in sampler's model with `recipe.sampler` numerics on `device`, seeded bf16 weights,
-    NVFP4 weights in place through the recipe's weight path."""
+def build_sampler(
+    recipe: Recipe,
+    shape: dict[str, Any],
+    layers: int,
+    device: torch.device,
+    seed: int,
+    model_dir: str | None = None,
+):
+    """The built-in sampler's model with `recipe.sampler` numerics on `device`; its weights through the
+    recipe's weight path: from the trainer-side policy of `model_dir` (as in RL), else seeded bf16
+    weights exported from the sampler itself."""
     from minite.engines.sampler import BuiltinSampler
     from minite.engines.weight_sync import export_weights
 
@@ -80,6 +103,12 @@ def build_sampler(recipe: Recipe, shape: dict[str, Any], layers: int, device: to
             sampler = BuiltinSampler(cfg, recipe, dtype=torch.bfloat16, eos_token_id=-1, pad_token_id=0)
     finally:
         torch.set_default_dtype(prev)
+    if model_dir is not None:
+        from minite.runs import load_policy, sync
+
+        sync(sampler, load_policy(model_dir, recipe, seed=seed), recipe)
+        release()  # the fp32 policy
+        return sampler
     init_weights(sampler.model, cfg.initializer_range, seed)
     if recipe.sampler.quantized:
         sampler.update_weights(export_weights(sampler.model, recipe, version=0))
@@ -128,18 +157,18 @@ def step_bytes(shape: dict[str, Any], layers: int, spec: NumericsSpec, batch: in
 
 def measure_recipe(
     recipe: Recipe,
-    shape: dict[str, Any],
-    layers: int,
+    source: Source,
     cfg: RolloutConfig,
     device: torch.device,
     bandwidth: float | None,
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
+    shape, layers = source.shape, source.layers
     clock = Clock(device)
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
-    sampler = build_sampler(recipe, shape, layers, device, seed)
+    sampler = build_sampler(recipe, shape, layers, device, seed, model_dir=source.model_dir)
     build_s = time.perf_counter() - t0
     model = sampler.model
     max_len = cfg.prompt_len + cfg.max_new_tokens
@@ -209,6 +238,7 @@ def measure_recipe(
     errors = {m.inference_error for m in model.modules() if isinstance(m, QuantExperts)} - {None}
     sampler.close()
     return {
+        "engine": "builtin",
         "bf16_experts_impl": sorted(impls),
         "grouped_inference_errors": sorted(errors),
         "sampler_gemm": recipe.sampler.gemm,
@@ -219,12 +249,81 @@ def measure_recipe(
     }
 
 
+def measure_engine(
+    recipe: Recipe,
+    source: Source,
+    cfg: RolloutConfig,
+    engine: str,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Generated tokens/s of the recipe's `engine` (minite.runs.build_sampler) end to end, per batch
+    size: `generate` on random prompts at temperature 1 (the engine may stop a row early at EOS)."""
+    from minite.engines.base import SamplingParams
+    from minite.runs import build_sampler as build_engine
+    from minite.runs import load_policy, sync
+
+    t0 = time.perf_counter()
+    sampler = build_engine(
+        engine,
+        source.model_dir,
+        recipe,
+        None,
+        seed=seed,
+        max_model_len=cfg.prompt_len + cfg.max_new_tokens + 1,
+    )
+    rows: dict[str, Any] = {}
+    try:
+        sync(sampler, load_policy(source.model_dir, recipe, seed=seed), recipe)
+        start_s = time.perf_counter() - t0
+        release()
+        gen = torch.Generator().manual_seed(seed)
+        params = SamplingParams(n=1, max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=seed)
+        for bsz in cfg.batch_sizes:
+            prompts = torch.randint(3, source.shape["vocab_size"], (bsz, cfg.prompt_len), generator=gen)
+            prompts = prompts.tolist()
+            times: list[float] = []
+            generated: list[int] = []
+            for i in range(cfg.warmup + cfg.iters):
+                s = time.perf_counter()
+                groups = sampler.generate(prompts, params)
+                dt = time.perf_counter() - s
+                if i >= cfg.warmup:
+                    times.append(dt)
+                    generated.append(sum(len(c.token_ids) for g in groups for c in g))
+                    if cfg.max_seconds is not None and sum(times) >= cfg.max_seconds:
+                        break
+            med = statistics.median(times)
+            tokens = statistics.median(generated)
+            rows[str(bsz)] = {
+                "batch": bsz,
+                "generated_tokens": tokens,
+                "seconds": med,
+                "times": times,
+                "tokens_per_s": tokens / med,
+                "timed_generations": len(times),
+            }
+            log(f"  {recipe.name} b={bsz}: {tokens / med:,.0f} generated tok/s ({engine}, end to end)")
+    finally:
+        sampler.close()
+    return {
+        "engine": engine,
+        "sampler_gemm": recipe.sampler.gemm,
+        "sampler_attention": recipe.sampler.attention,
+        "weight_source": recipe.sampler.weight_source,
+        "build_s": start_s,
+        "batches": rows,
+    }
+
+
 def run(
     recipes: list[Recipe],
-    shape_name: str,
-    layers: int | str,
     cfg: RolloutConfig,
     *,
+    shape: str | None = None,
+    layers: int | str | None = None,
+    model_dir: str | None = None,
+    engine: str = "builtin",
     bytes_per_param: float = 20.0,
     activation_reserve_gib: float = 24.0,
     seed: int = 0,
@@ -232,14 +331,21 @@ def run(
     command: str | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure every recipe in this process (the report so far goes to `progress` after each)."""
-    shape = dict(SHAPES[shape_name])
+    """Measure every recipe in this process on the model of `model_dir`, or of `shape` at `layers`
+    (minite.bench.learner.resolve_source); the report so far goes to `progress` after each recipe."""
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine != "builtin" and model_dir is None:
+        raise ConfigError(
+            f"--engine {engine} needs --model-dir (a built shape runs the built-in sampler only)"
+        )
     device = bench_device()
-    n, rule = resolve_layers(layers, shape, device, bytes_per_param, activation_reserve_gib)
-    fixed, per_layer = param_counts(shape)
-    bw = copy_bandwidth(device)
-    bw_s = f"{bw / 1e12:.2f} TB/s" if bw else "not measured (CPU)"
-    log(f"rollout: {shape_name} x {n} layers on {device}; device copy bandwidth {bw_s}")
+    source = resolve_source(shape, layers, model_dir, device, bytes_per_param, activation_reserve_gib)
+    n = source.layers
+    fixed, per_layer = param_counts(source.shape)
+    bw = copy_bandwidth(device) if engine == "builtin" else None
+    bw_s = f"{bw / 1e12:.2f} TB/s" if bw else "not measured"
+    log(f"rollout: {source.name} x {n} layers on {device}, {engine} engine; device copy bandwidth {bw_s}")
     rows: dict[str, Any] = {}
     failed: dict[str, str] = {}
     report: dict[str, Any] = {}
@@ -247,57 +353,56 @@ def run(
         log(f"rollout: {recipe.name} ...")
         release()
         try:
-            rows[recipe.name] = measure_recipe(recipe, shape, n, cfg, device, bw, seed, log)
+            if engine == "builtin":
+                rows[recipe.name] = measure_recipe(recipe, source, cfg, device, bw, seed, log)
+            else:
+                rows[recipe.name] = measure_engine(recipe, source, cfg, engine, seed, log)
         except torch.OutOfMemoryError as exc:
             failed[recipe.name] = f"OutOfMemoryError at {n} layers: {str(exc)[:300]}"
             log(f"rollout: {recipe.name}: {failed[recipe.name]}")
         release()
-        report = _report(
-            rows, failed, recipes, shape, shape_name, n, fixed, per_layer, rule, cfg, bw, command
-        )
+        report = _report(rows, failed, recipes, source, fixed + per_layer * n, cfg, engine, bw, command)
         if progress is not None:
             progress(report)
     return report
 
 
-def _report(rows, failed, recipes, shape, shape_name, n, fixed, per_layer, rule, cfg, bw, command):
+def _report(rows, failed, recipes, source: Source, params, cfg, engine, bw, command):
     ratio: dict[str, dict[str, float]] = {}
     if "bf16" in rows:
         for name, r in rows.items():
             if name == "bf16":
                 continue
             for key in ("decode_tokens_per_s", "tokens_per_s"):
-                ratio.setdefault(f"{name}/bf16", {})
                 for b, row in r["batches"].items():
-                    base = rows["bf16"]["batches"][b][key]
-                    ratio[f"{name}/bf16"][f"{key}@{b}"] = row[key] / base
+                    base = rows["bf16"]["batches"].get(b, {}).get(key)
+                    if key in row and base:
+                        ratio.setdefault(f"{name}/bf16", {})[f"{key}@{b}"] = row[key] / base
     report = {
         "kind": "rollout",
+        "engine": engine,
         "device": device_info(),
         "environment": environment(command=command),
-        "shape": {
-            "name": shape_name,
-            **{k: v for k, v in shape.items() if k != "num_hidden_layers"},
-            "num_hidden_layers": n,
-            "params": fixed + per_layer * n,
-            "layers_rule": rule,
-        },
+        "shape": {**source.summary(), "params": params},
         "config": dataclasses.asdict(cfg),
         "copy_bandwidth_bytes_per_s": bw,
         "recipes": rows,
         "failed": failed,
         "ratios": ratio,
     }
-    report["targets"] = _targets(report)
-    report["floor_ratio_48_layers"] = {
-        name: {
-            b: step_bytes(shape, EXTRAPOLATE_LAYERS, NumericsSpec(), int(b), _kv(cfg))["total"]
-            / step_bytes(shape, EXTRAPOLATE_LAYERS, _spec_of(recipes, name), int(b), _kv(cfg))["total"]
-            for b in r["batches"]
+    report["targets"] = _targets(report) if source.built else {}  # set for the shapes
+    if source.built:  # what the memory bound allows the real model (48 layers of these shapes)
+        report["floor_ratio_48_layers"] = {
+            name: {
+                b: step_bytes(source.shape, EXTRAPOLATE_LAYERS, NumericsSpec(), int(b), _kv(cfg))["total"]
+                / step_bytes(source.shape, EXTRAPOLATE_LAYERS, _spec_of(recipes, name), int(b), _kv(cfg))[
+                    "total"
+                ]
+                for b in r["batches"]
+            }
+            for name, r in rows.items()
+            if name != "bf16"
         }
-        for name, r in rows.items()
-        if name != "bf16"
-    }
     return report
 
 
@@ -323,9 +428,10 @@ def _targets(report: dict[str, Any]) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     env, dev, shape, cfg = report["environment"], report["device"], report["shape"], report["config"]
     bw = report["copy_bandwidth_bytes_per_s"]
+    if report.get("engine", "builtin") != "builtin":
+        return _engine_markdown(report)
     lines = [
-        f"# Rollout (decode) throughput, built-in sampler: {shape['name']} shapes, "
-        f"{shape['num_hidden_layers']} layers ({dev['label']})",
+        f"# Rollout (decode) throughput, built-in sampler: {describe(shape)} ({dev['label']})",
         "",
         f"- command: `{env['command']}`"
         + (f" (reproduce: `{env['reproduce']}`)" if env.get("reproduce") else ""),
@@ -378,4 +484,33 @@ def markdown(report: dict[str, Any]) -> str:
             "Bytes-per-step floor ratio bf16/NVFP4 at 48 layers (what the memory bound allows): "
             + "; ".join(f"{n}: " + ", ".join(f"b={b} {v:.2f}x" for b, v in d.items()) for n, d in fl.items()),
         ]
+    return "\n".join(lines) + "\n"
+
+
+def _engine_markdown(report: dict[str, Any]) -> str:
+    """The table of an `--engine vllm` report: generated tokens/s end to end per batch size."""
+    env, dev, shape, cfg = report["environment"], report["device"], report["shape"], report["config"]
+    lines = [
+        f"# Rollout throughput, {report['engine']} engine: {describe(shape)} ({dev['label']})",
+        "",
+        f"- command: `{env['command']}`",
+        f"- date: {env['date']}, git commit: {env['git_commit']}, torch {env['torch']}, "
+        f"transformers {env['transformers']}",
+        f"- prompts of {cfg['prompt_len']} random tokens, up to {cfg['max_new_tokens']} new tokens per row "
+        f"(temperature 1); `generate` end to end, median of {cfg['iters']} after {cfg['warmup']} warm-up",
+        "",
+        "| recipe | batch | generated tok/s | vs bf16 | s / generate | generated tokens |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in report["recipes"].items():
+        for b, row in r["batches"].items():
+            ratio = (
+                1.0 if name == "bf16" else report["ratios"].get(f"{name}/bf16", {}).get(f"tokens_per_s@{b}")
+            )
+            lines.append(
+                f"| {name} | {b} | {row['tokens_per_s']:,.0f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
+                f"{row['seconds']:.3f} | {row['generated_tokens']:g} |"
+            )
+    for name, err in report.get("failed", {}).items():
+        lines.append(f"| {name} | failed: {err[:120]} |  |  |  |  |")
     return "\n".join(lines) + "\n"

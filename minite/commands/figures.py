@@ -1,7 +1,7 @@
 r"""`minite figures`: figures (PNG/PDF) and tables (CSV/Markdown) from a profile's results.
 
     minite figures --rl results/tiny/rl/*/seed* --evals results/tiny/eval/*/*.json \
-        --throughput results/tiny/throughput/throughput.json \
+        --throughput results/tiny/throughput/learner.json results/tiny/throughput/rollout.json \
         --benchmarks-dir results/tiny/benchmarks \
         --figures-dir results/tiny/figures --tables-dir results/tiny/tables --title tiny
 
@@ -25,7 +25,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rl", nargs="+", required=True, help="RL output folders")
     p.add_argument("--evals", nargs="*", default=[], help="eval JSONs (minite eval)")
     p.add_argument("--diagnose", nargs="*", default=[], help="diagnose JSONs (minite diagnose)")
-    p.add_argument("--throughput", help="throughput JSON (minite bench)")
+    p.add_argument(
+        "--throughput", nargs="+", help="throughput reports (minite bench learner / rollout JSONs)"
+    )
     p.add_argument("--benchmarks-dir", help="folder of Snakemake benchmark TSVs (the compute table)")
     p.add_argument("--figures-dir", required=True)
     p.add_argument("--tables-dir", required=True)

@@ -1,7 +1,7 @@
 r"""`minite paper`: the paper-style Markdown report of a profile, from `minite figures` outputs.
 
     minite paper --profile tiny --figures-dir results/tiny/figures --tables-dir results/tiny/tables \
-        --throughput results/tiny/throughput/throughput.json \
+        --throughput results/tiny/throughput/learner.json results/tiny/throughput/rollout.json \
         --prepare-metrics results/tiny/prepare/prepare_metrics.json \
         --run-config results/tiny/rl/minite/seed0/config.json --out paper/tiny
 
@@ -22,7 +22,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--profile", required=True, help="profile name (report title, rebuild command)")
     p.add_argument("--figures-dir", required=True)
     p.add_argument("--tables-dir", required=True)
-    p.add_argument("--throughput")
+    p.add_argument(
+        "--throughput", nargs="+", help="throughput reports (minite bench learner / rollout JSONs)"
+    )
     p.add_argument("--prepare-metrics")
     p.add_argument("--run-config", help="config.json of one RL run (the RL settings table)")
     p.add_argument("--out", required=True, help="report folder, e.g. paper/tiny")

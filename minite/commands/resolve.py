@@ -22,6 +22,37 @@ from minite.commands.common import run_guarded
 from minite.configuration import ConfigError, from_dict, to_dict
 
 _RUN_KEYS = ("model_dir", "data_dir", "out_dir", "recipe", "seed")
+_SPEC_KEYS = ("run", "recipe_mapping", "rl")  # required; the others (files, ablation, ...) optional
+_SPEC_HELP = (
+    "--spec takes one JSON object, the run spec of minite.profiles.resolve_run (the workflow's run_config "
+    'rule passes it), with keys "run" (a name), "recipe_mapping" (a recipe, e.g. {"extends": "minite"}) and '
+    '"rl" (TrainConfig fields, e.g. {"steps": 10}), keys and strings in double quotes; in a shell put '
+    'single quotes around it: --spec \'{"run": "r", "recipe_mapping": {"extends": "minite"}, "rl": {}}\''
+)
+_JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def parse_spec(text: str) -> dict:
+    """The --spec JSON object, or a ConfigError that shows where it fails to parse and what to pass."""
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        line = text.splitlines()[e.lineno - 1] if text.strip() else ""
+        col = e.colno - 1  # the failing line, 30 characters either side, marked at the position
+        here = f"{line[max(0, col - 30) : col]}<HERE>{line[col : col + 30]}"
+        raise ConfigError(
+            f"--spec is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}: {here!r}; {_SPEC_HELP}"
+        ) from e
+    if not isinstance(spec, dict):
+        kind = _JSON_TYPE.get(type(spec), "null")
+        raise ConfigError(f"--spec is a JSON {kind}, not an object; {_SPEC_HELP}")
+    missing = [k for k in _SPEC_KEYS if k not in spec]
+    if missing:
+        raise ConfigError(f"--spec: missing key(s) {missing}; {_SPEC_HELP}")
+    for key in ("recipe_mapping", "rl"):
+        if not isinstance(spec[key], dict):
+            raise ConfigError(f"--spec: {key!r} must be a JSON object, got {spec[key]!r}; {_SPEC_HELP}")
+    return spec
 
 
 def main(argv: list[str]) -> int:
@@ -36,10 +67,7 @@ def main(argv: list[str]) -> int:
         from minite.recipes import recipe_from_dict
         from minite.rl.loop import TrainConfig
 
-        try:
-            spec = json.loads(args.spec)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--spec: not valid JSON: {e}") from e
+        spec = parse_spec(args.spec)
         where = ", ".join(spec.get("files") or []) or spec["run"]
         recipe = recipe_from_dict(
             dict(spec["recipe_mapping"]), where=f"recipe of run {spec['run']} ({where})"

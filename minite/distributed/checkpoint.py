@@ -17,7 +17,9 @@ ranks loads on M (DCP reads each rank's slices from whichever files hold them).
 
 Like minite.checkpoint, a checkpoint is written to `<dir>.tmp` and swapped in with renames (rank 0, after
 every rank finished writing), so a kill leaves the old or the new checkpoint whole; load verifies the
-checksums first (each rank hashes a disjoint subset of the files).
+checksums first (each rank hashes a disjoint subset of the files: `hash_files`), unless it is given the
+VerifiedCheckpoint that `train-dist --resume`'s pre-flight check (minite.rl.loop.check_inputs with
+`hash_files`) returned, whose files were just hashed.
 
 `save_full_checkpoint` gathers the whole fp32 masters to rank 0 and writes the single-process layout
 (minite.checkpoint: model.safetensors, state.json, manifest.json), which eval, diagnose and the sampler
@@ -36,7 +38,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minite.checkpoint import _fsync_dir, _hash_here, swap_in, verify_checkpoint, write_checkpoint_dir
+from minite.checkpoint import (
+    VerifiedCheckpoint,
+    _fsync_dir,
+    _hash_here,
+    ensure_verified,
+    swap_in,
+    write_checkpoint_dir,
+)
 
 OPT_PREFIX = "optimizer."
 
@@ -63,8 +72,9 @@ def _split(flat: dict[str, torch.Tensor], groups: list) -> tuple[dict, dict]:
     return msd, {"state": state, "param_groups": groups}
 
 
-def _hash_files(files: list[Path]) -> dict[str, str]:
-    """sha256 of `files`, the work split over the ranks; every rank gets the whole mapping."""
+def hash_files(files: list[Path]) -> dict[str, str]:
+    """sha256 of `files`, the work split over the ranks; every rank gets the whole mapping. A
+    collective: every rank calls it with the same list."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = _hash_here(files[rank::world])
     parts: list[dict[str, str] | None] = [None] * world
@@ -92,7 +102,7 @@ def save_sharded_checkpoint(
         meta = {**state, "world_size": dist.get_world_size(), "param_groups": groups}
         (tmp / "state.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     dist.barrier()
-    manifest = _hash_files(sorted(tmp.iterdir()))
+    manifest = hash_files(sorted(tmp.iterdir()))
     if rank == 0:
         (tmp / "manifest.json").write_text(json.dumps(dict(sorted(manifest.items())), indent=2))
         _fsync_dir(tmp)
@@ -101,13 +111,16 @@ def save_sharded_checkpoint(
     return path
 
 
-def load_sharded_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Load (and reshard) into an FSDP2 model and its optimizer; returns state.json. A collective."""
+def load_sharded_checkpoint(
+    path: str | Path | VerifiedCheckpoint, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict:
+    """Load (and reshard) into an FSDP2 model and its optimizer; returns state.json. A collective.
+    `path`: a directory (verified first, every rank hashing a share of the files) or the
+    VerifiedCheckpoint of a check that just hashed them (every rank passes the same kind)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    path = Path(path)
-    verify_checkpoint(path, _hash_files)  # every rank hashes a share of the files
+    path = ensure_verified(path, hash_files).path
     meta = json.loads((path / "state.json").read_text())
     flat, _ = _flat_state(model, optimizer)
     dcp.load(flat, storage_reader=dcp.HuggingFaceStorageReader(str(path)))

@@ -21,7 +21,9 @@ Per step:
    `reload_weights` (VLLMSampler.update_weights; a tensor-parallel engine's loaders take their shard).
 Checkpoints: sharded (DCP, safetensors, resharding on load) under <out>/checkpoint_sharded for
 `--resume`, and the consolidated single-process checkpoint <out>/checkpoint/model.safetensors that the
-workflow's later stages (eval, diagnose) read.
+workflow's later stages (eval, diagnose) read. `--resume` refuses, before any model is built, a missing,
+corrupted (sha256 against the manifest, the files hashed once, split over the ranks) or foreign (other
+recipe) sharded checkpoint, like `minite train --resume` (minite.rl.loop.check_inputs).
 
 Model loading: rank 0 reads the checkpoint, the other ranks build the model on the meta device, and
 the weights are broadcast shard by shard (`set_model_state_dict(broadcast_from_rank0=True)`), so a
@@ -34,9 +36,9 @@ default (learner's) process group, a collective every rank must join. So every r
 in its own process (no extra processes, weight updates by reference) with
 `tensor_parallel_size = rl.sampler.tensor_parallel_size` (tp): ranks r·tp .. r·tp+tp-1 form engine
 replica r, and there are world/tp replicas (`rl.sampler.data_parallel_size`, if set, must equal
-that). Each replica samples and evaluates its contiguous slice of the prompts. The engines' KV cache
-size: `MINITE_VLLM_MEMORY_FRACTION` (vLLM's gpu_memory_utilization: fraction of the GPU, or on CPU of
-the node's memory, per engine); default 0.3 on a GPU shared with the learner, 0.5 / local ranks on CPU
+that). Each replica samples and evaluates its contiguous slice of the prompts. The engines' memory:
+`rl.sampler.gpu_memory_utilization` (vLLM's: the fraction of the GPU, or on CPU of the node's memory,
+per engine); unset, 0.3 on a GPU shared with the learner, 0.5 / local ranks on CPU
 (VLLM_CPU_KVCACHE_SPACE, if set, wins there).
 """
 
@@ -122,10 +124,15 @@ def split(n: int, parts: int, part: int) -> slice:
     return slice(lo, lo + base + (part < extra))
 
 
-def _memory_kwargs(local_world: int) -> dict[str, float]:
-    frac = os.environ.get("MINITE_VLLM_MEMORY_FRACTION")
-    if frac:
-        return {"gpu_memory_utilization": float(frac)}
+RETIRED_MEMORY_ENV = "MINITE_VLLM_MEMORY_FRACTION"
+
+
+def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, float]:
+    """vLLM's gpu_memory_utilization for one of `local_world` engines on a node: the config's
+    `rl.sampler.gpu_memory_utilization`, else 0.3 of a GPU (shared with the learner), else on CPU
+    nothing when VLLM_CPU_KVCACHE_SPACE is set (it wins there) or 0.5 / local_world of the memory."""
+    if sampler_cfg.gpu_memory_utilization is not None:
+        return {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}
     if torch.cuda.is_available():
         return {"gpu_memory_utilization": 0.3}
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -152,7 +159,7 @@ def make_colocated_vllm(cfg, recipe, rank: int, world: int):
         max_model_len=cfg.sampler.max_model_len,
         distributed_executor_backend="external_launcher",
         tensor_parallel_size=tp,
-        **_memory_kwargs(local_world),
+        **memory_kwargs(cfg.sampler, local_world),
     )
 
 
@@ -213,9 +220,9 @@ def train_distributed(
     from tqdm.auto import tqdm
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from minite.checkpoint import find_checkpoint
     from minite.diagnostics.metrics import mismatch_metrics
     from minite.distributed.checkpoint import (
+        hash_files,
         load_sharded_checkpoint,
         save_full_checkpoint,
         save_sharded_checkpoint,
@@ -226,11 +233,13 @@ def train_distributed(
     from minite.engines.faults import NonFiniteError
     from minite.engines.trainer import TokenBatch
     from minite.engines.weight_sync import export_weights
+    from minite.faultinject import maybe_kill
     from minite.models.tokenizer import encode_prompt
     from minite.nn.swap import apply_numerics, set_compute_dtype
     from minite.recipes import get_recipe
     from minite.rl.grpo import group_advantages
     from minite.rl.loop import (
+        SHARDED_CHECKPOINT,
         _append_jsonl,
         _truncate_metrics,
         check_inputs,
@@ -247,7 +256,14 @@ def train_distributed(
     rows = cfg.rollout.prompts_per_step * cfg.grpo.group_size
     if rows % world:
         raise ConfigError(f"prompts_per_step × group_size = {rows} rows do not split over {world} ranks")
-    check_inputs(cfg)
+    if colocated and os.environ.get(RETIRED_MEMORY_ENV):
+        raise ConfigError(
+            f"{RETIRED_MEMORY_ENV} is no longer read: set rl.sampler.gpu_memory_utilization (e.g. --set "
+            f"sampler.gpu_memory_utilization={os.environ[RETIRED_MEMORY_ENV]}) and unset the variable"
+        )
+    # before any compute, on every rank alike: a --resume checkpoint is found, hashed (each rank a
+    # share of the files, gathered) and checked here, then loaded below without hashing it again
+    verified = check_inputs(cfg, resume=resume, sharded=True, hash_files=hash_files)
     out = Path(cfg.out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -271,15 +287,10 @@ def train_distributed(
     del full
 
     metrics_path = out / "metrics.jsonl"
-    sharded = out / "checkpoint_sharded"
+    sharded = out / SHARDED_CHECKPOINT
     start = 0
-    found = None
-    if rank == 0 and resume:
-        ck = find_checkpoint(sharded)
-        found = str(ck) if ck is not None else None
-    found = _broadcast(found)
-    if found:
-        start = int(load_sharded_checkpoint(found, trainer.model, trainer.optimizer)["step"])
+    if verified is not None:
+        start = int(load_sharded_checkpoint(verified, trainer.model, trainer.optimizer)["step"])
     if rank == 0:
         if not resume and metrics_path.exists():
             metrics_path.unlink()
@@ -397,6 +408,7 @@ def train_distributed(
                 if rank == 0:
                     _append_jsonl(metrics_path, {"step": step, "skipped": 1.0, "fault/nonfinite": 1.0})
                 continue
+            maybe_kill("step")  # test hook (minite/faultinject.py): updated, nothing logged or saved
             t_learn = time.perf_counter()
             sync_weights(step + 1)
             is_last = step + 1 == cfg.steps

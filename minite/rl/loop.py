@@ -20,13 +20,20 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from minite.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
+from minite.checkpoint import (
+    VerifiedCheckpoint,
+    find_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    verified_checkpoint,
+)
 from minite.configuration import ConfigError, from_dict, load_yaml, to_dict
 from minite.diagnostics.metrics import mismatch_metrics
 from minite.engines.base import SamplingParams
@@ -71,6 +78,12 @@ class SamplerConfig:
     # launcher (torchrun, one engine per rank), not in this single-process loop
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
+    # vLLM's gpu_memory_utilization, per engine: the fraction of the GPU's memory (on CPU: of the
+    # node's memory) the engine may take for its weights, activations and KV cache, in (0, 1]. Unset:
+    # under `minite train` vLLM's own default (0.92 in vLLM 0.32); under train-dist, where every rank
+    # runs an engine next to its learner shard, 0.3 on a GPU and 0.5 / local ranks on CPU (there
+    # VLLM_CPU_KVCACHE_SPACE, in GiB, if set, wins over both)
+    gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
@@ -79,14 +92,28 @@ class SamplerConfig:
             raise ConfigError(
                 "sampler: tensor/data parallelism needs engine 'vllm' (the built-in is one device)"
             )
+        frac = self.gpu_memory_utilization
+        if frac is not None:
+            if not 0 < frac <= 1:  # NaN fails the comparison too
+                raise ConfigError(
+                    f"sampler.gpu_memory_utilization must be a fraction in (0, 1], got {frac}; e.g. 0.3 "
+                    "leaves 70% of the GPU to the learner, or leave it unset for the default"
+                )
+            if self.engine != "vllm":
+                raise ConfigError(
+                    "sampler.gpu_memory_utilization is a vLLM setting: set sampler.engine to 'vllm', or "
+                    "drop the key (the built-in sampler allocates what it needs)"
+                )
 
-    def engine_kwargs(self) -> dict[str, int]:
+    def engine_kwargs(self) -> dict[str, Any]:
         """Extra vLLM `LLM(...)` arguments (empty at the defaults)."""
-        out = {}
+        out: dict[str, Any] = {}
         if self.tensor_parallel_size > 1:
             out["tensor_parallel_size"] = self.tensor_parallel_size
         if self.data_parallel_size > 1:
             out["data_parallel_size"] = self.data_parallel_size
+        if self.gpu_memory_utilization is not None:
+            out["gpu_memory_utilization"] = self.gpu_memory_utilization
         return out
 
 
@@ -155,6 +182,7 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
 
 
 NVFP4_BLOCK = 16
+SHARDED_CHECKPOINT = "checkpoint_sharded"  # train-dist's resumable checkpoint, beside <out>/checkpoint
 
 
 def check_model_dims(model_config: Any, recipe, where: str) -> None:
@@ -223,12 +251,23 @@ def check_model_dims(model_config: Any, recipe, where: str) -> None:
             )
 
 
-def check_inputs(cfg: TrainConfig, *, resume: bool = False) -> None:
+def check_inputs(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    sharded: bool = False,
+    hash_files: Callable[[list[Path]], dict[str, str]] | None = None,
+) -> VerifiedCheckpoint | None:
     """Fail before any compute (no model built, nothing written) on inputs that cannot work: missing
     or unreadable model/data files, a malformed data line, a tokenizer that does not fit the model,
-    model dims a quantized recipe cannot block, more prompts per step than training examples, and
-    with `resume` a missing, corrupted or foreign checkpoint, a CUDA device where torch sees none.
-    Messages name the file, key or value."""
+    model dims a quantized recipe cannot block, more prompts per step than training examples, a CUDA
+    device where torch sees none, and with `resume` a missing, corrupted or foreign checkpoint.
+    Messages name the file, key or value.
+
+    With `resume` it returns the checkpoint it verified (hand it to the loader, which then does not
+    hash the files again), else None. The checkpoint `--resume` continues from: `<out>/checkpoint`
+    (minite train's), or with `sharded` `<out>/checkpoint_sharded` (train-dist's); `hash_files`: how
+    its files are hashed (default: here, in this process; train-dist splits the work over its ranks)."""
     resolve_device(cfg.device)
     md = Path(cfg.model_dir)
     if not (md / "config.json").is_file():
@@ -271,22 +310,38 @@ def check_inputs(cfg: TrainConfig, *, resume: bool = False) -> None:
             f"in {Path(cfg.data_dir) / 'train.jsonl'} (prompts are drawn without replacement); lower it "
             "or add examples"
         )
-    if resume:
-        ckpt = Path(cfg.out_dir) / "checkpoint"
-        found = find_checkpoint(ckpt)
-        if found is None:
-            raise ConfigError(
-                f"--resume: no checkpoint in {ckpt} (nor {ckpt.name}.old): the run has not reached its "
-                f"first checkpoint (every checkpoint_every={cfg.checkpoint_every} steps) or --out points "
-                "elsewhere; check --out, or run without --resume to start from step 0"
+    if not resume:
+        return None
+    out = Path(cfg.out_dir)
+    ckpt = out / (SHARDED_CHECKPOINT if sharded else "checkpoint")
+    found = find_checkpoint(ckpt)
+    if found is None:
+        hint = ""
+        if sharded and find_checkpoint(out / "checkpoint") is not None:
+            hint = (
+                f" ({out / 'checkpoint'} is there but no sharded one: a `minite train` run, which "
+                "`minite train --resume` continues)"
             )
-        verify_checkpoint(found)
-        state = json.loads((found / "state.json").read_text())
-        if state.get("recipe", recipe.name) != recipe.name:
-            raise ConfigError(
-                f"--resume: {found} was written by recipe {state['recipe']!r}, this run is {recipe.name!r}; "
-                "resume with the same recipe, or give another --out"
-            )
+        raise ConfigError(
+            f"--resume: no checkpoint in {ckpt} (nor {ckpt.name}.old){hint}: the run has not reached its "
+            f"first checkpoint (every checkpoint_every={cfg.checkpoint_every} steps) or --out points "
+            "elsewhere; check --out, or run without --resume to start from step 0"
+        )
+    verified = verified_checkpoint(found, hash_files)
+    state = json.loads((found / "state.json").read_text())
+    if state.get("recipe", recipe.name) != recipe.name:
+        raise ConfigError(
+            f"--resume: {found} was written by recipe {state['recipe']!r}, this run is {recipe.name!r}; "
+            "resume with the same recipe, or give another --out"
+        )
+    if not sharded and "optimizer.safetensors" not in verified.manifest:
+        raise ConfigError(
+            f"--resume: {found} holds weights only, no optimizer state (like the consolidated "
+            "checkpoint train-dist writes for eval), so resuming from it would not continue the run; "
+            f"continue a train-dist run with `minite train-dist --resume` (from "
+            f"{out / SHARDED_CHECKPOINT}), or run without --resume"
+        )
+    return verified
 
 
 def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torch.device | None = None):
@@ -445,7 +500,7 @@ def train(
     from minite.models.tokenizer import encode_prompt
 
     t_begin = time.perf_counter()
-    check_inputs(cfg, resume=resume)
+    verified = check_inputs(cfg, resume=resume)
     device = resolve_device(cfg.device)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -460,8 +515,8 @@ def train(
     ckpt_path = out / "checkpoint"
     initial_path = out / INITIAL_EVAL_FILE
     start = 0
-    if resume and (found := find_checkpoint(ckpt_path)) is not None:  # check_inputs: it exists
-        state = load_checkpoint(found, trainer.model, trainer.optimizer)
+    if verified is not None:  # resume: check_inputs found and verified it (not hashed again here)
+        state = load_checkpoint(verified, trainer.model, trainer.optimizer)
         _optimizer_state_to_params(trainer.optimizer)
         start = int(state["step"])
     elif not resume:

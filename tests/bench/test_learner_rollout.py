@@ -1,6 +1,8 @@
-"""`minite bench learner` / `minite bench rollout` on a 2-layer toy Qwen3-MoE on CPU: the JSON schema, ratios
-computed from the measured times, and the device decode loop against a plain full-sequence forward. The
-H200 numbers come from the same code (results/bench/learner_h200.*, rollout_h200.*)."""
+"""`minite bench learner` / `minite bench rollout` on CPU, both inputs at toy size: a built shape (a 2-layer
+toy Qwen3-MoE, `--shape toy --layers 2`: how the H200 numbers of results/bench/learner_h200.*,
+rollout_h200.* were made) and a model folder (`--model-dir`: the tiny test model, how the workflow's
+throughput rules measure the profile's base model). The JSON schema, ratios computed from the measured
+times, and the device decode loop against a plain full-sequence forward."""
 
 import json
 
@@ -152,8 +154,135 @@ def test_recipe_overrides_name_a_variant():
     assert parse_recipe("te_nvfp4").trainer.gemm == "emulated"
 
 
-def test_legacy_invocation_still_parses(tmp_path):
-    """The workflow's throughput rule calls `minite bench --model-dir ...` (no subcommand)."""
+# --- a model folder (--model-dir): what the workflow's throughput_learner / throughput_rollout run ----------
+
+
+def test_learner_on_a_model_dir(tiny_inputs, tmp_path):
+    model_dir = tiny_inputs["model_dir"]
+    cfg = json.loads((model_dir / "config.json").read_text())
+    out = tmp_path / "learner.json"
+    argv = ["bench", "learner", "--model-dir", str(model_dir), "--recipes", "bf16", "minite"]
+    argv += ["--batch", "2", "--prompt-len", "4", "--completion-len", "4", "--micro-batch", "2"]
+    argv += ["--warmup", "0", "--iters", "2", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    shape = report["shape"]
+    assert shape["source"] == "model_dir" and shape["name"] == str(model_dir)
+    assert (
+        shape["num_hidden_layers"] == cfg["num_hidden_layers"] and shape["hidden_size"] == cfg["hidden_size"]
+    )
+    assert shape["num_experts"] == cfg.get("num_experts", cfg.get("num_local_experts"))
+    # the parameters counted from the config are the folder's model's
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    assert shape["params"] == sum(p.numel() for p in model.parameters())
+    rows = report["recipes"]
+    assert list(rows) == ["bf16", "minite"] and rows["minite"]["trainer_gemm"] == "fused"
+    for row in rows.values():
+        assert row["tokens"] == 16 and row["tokens_per_s"] == pytest.approx(16 / row["seconds"])
+        assert row["params"] == shape["params"]
+        assert "extrapolation_48" not in row["breakdown"]  # a model folder is measured as it is
+    assert report["ratios"]["minite/bf16"] == pytest.approx(
+        rows["bf16"]["seconds"] / rows["minite"]["seconds"]
+    )
+    assert "extrapolation_48" not in report and report["targets"] == {}
+    assert out.with_suffix(".md").read_text().startswith(f"# Learner throughput: model {model_dir}")
+
+
+def test_rollout_on_a_model_dir(tiny_inputs, tmp_path):
+    model_dir = tiny_inputs["model_dir"]
+    out = tmp_path / "rollout.json"
+    argv = ["bench", "rollout", "--model-dir", str(model_dir), "--recipes", "bf16", "te_nvfp4"]
+    argv += ["--batch-sizes", "2", "--prompt-len", "4", "--max-new-tokens", "3"]
+    argv += ["--warmup", "0", "--iters", "1", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["engine"] == "builtin" and report["shape"]["source"] == "model_dir"
+    assert report["device"]["kind"] == "cpu" and "CPU numbers" in report["device"]["label"]
+    rows = report["recipes"]
+    for row in rows.values():
+        r = row["batches"]["2"]
+        assert r["generated_tokens"] == 6 and r["finite"] and r["tokens_per_s"] > 0
+    got = report["ratios"]["te_nvfp4/bf16"]["tokens_per_s@2"]
+    assert got == pytest.approx(
+        rows["te_nvfp4"]["batches"]["2"]["tokens_per_s"] / rows["bf16"]["batches"]["2"]["tokens_per_s"]
+    )
+    assert "floor_ratio_48_layers" not in report and report["targets"] == {}
+
+
+def test_rollout_through_an_engine(tiny_inputs, tmp_path, monkeypatch):
+    """`--engine vllm` times the recipe's engine (minite.runs.build_sampler) end to end; here a stand-in
+    engine that returns `max_new_tokens` tokens per row, weights synced from the model folder's policy."""
+    import minite.runs
+    from minite.engines.base import Completion
+
+    calls = {"weights": 0}
+
+    class Engine:
+        def update_weights(self, update):
+            calls["weights"] += 1
+
+        def generate(self, prompts, params):
+            return [
+                [
+                    Completion(
+                        prompt_ids=p, token_ids=[3] * params.max_new_tokens, logprobs=[0.0], finished=False
+                    )
+                ]
+                for p in prompts
+            ]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(minite.runs, "build_sampler", lambda engine, *a, **k: Engine())
+    out = tmp_path / "rollout.json"
+    argv = ["bench", "rollout", "--engine", "vllm", "--model-dir", str(tiny_inputs["model_dir"])]
+    argv += ["--recipes", "bf16", "minite", "--batch-sizes", "1", "3", "--prompt-len", "4"]
+    argv += ["--max-new-tokens", "5", "--warmup", "0", "--iters", "2", "--out", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["engine"] == "vllm" and calls["weights"] == 2
+    for row in report["recipes"].values():
+        assert row["engine"] == "vllm"
+        for b, r in row["batches"].items():
+            assert r["generated_tokens"] == int(b) * 5 and r["timed_generations"] == 2
+            assert "decode_tokens_per_s" not in r
+    assert set(report["ratios"]["minite/bf16"]) == {"tokens_per_s@1", "tokens_per_s@3"}
+    assert out.with_suffix(".md").read_text().startswith("# Rollout throughput, vllm engine")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["learner", "--model-dir", "MODEL", "--layers", "2"], "drop --layers"),
+        (["rollout", "--model-dir", "MODEL", "--shape", "toy"], "give one"),
+        (
+            ["rollout", "--engine", "vllm", "--shape", "toy", "--layers", "2"],
+            "--engine vllm needs --model-dir",
+        ),
+        (["learner", "--model-dir", "NOWHERE"], "no config.json"),
+        (["learner", "--shape", "toy", "--layers", "zero"], "--layers 'zero'"),
+    ],
+)
+def test_bad_model_arguments_fail_before_compute(argv, message, tiny_inputs, tmp_path, capsys):
+    argv = [
+        str(tiny_inputs["model_dir"]) if a == "MODEL" else str(tmp_path / a) if a == "NOWHERE" else a
+        for a in argv
+    ]
+    out = tmp_path / "out" / "report.json"
+    assert main(["bench", *argv, "--recipes", "bf16", "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
+def test_bench_needs_a_verb(capsys):
+    """`minite bench --model-dir ...` (learner and rollout in one call) is gone: one verb per bench."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--model-dir", "x", "--out", "y.json"])
+    assert e.value.code == 2
     with pytest.raises(SystemExit) as e:
         main(["bench", "--help"])
     assert e.value.code == 0
+    assert "learner" in capsys.readouterr().out

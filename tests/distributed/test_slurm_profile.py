@@ -37,9 +37,10 @@ def test_slurm_dry_run_plans_the_paper_profile(tmp_path):
     res = snakemake("-n", "--profile", str(SLURM), "--config", "profile=paper", workdir=tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     jobs = Counter(rule for rule, _ in planned_jobs(res.stdout))
-    assert jobs["rl"] == 14 and jobs["eval"] == 14 and jobs["throughput"] == 1
+    assert jobs["rl"] == 14 and jobs["eval"] == 14
+    assert jobs["throughput_learner"] == jobs["throughput_rollout"] == 1
     res_by_rule = _resources(res.stdout)
-    for rule in ("rl", "eval", "diagnose", "throughput"):
+    for rule in ("rl", "eval", "diagnose", "throughput_learner", "throughput_rollout"):
         for r in res_by_rule[rule]:
             assert r["gpu"] == "8" and r["slurm_partition"] == "gpu", (rule, r)
     assert res_by_rule["rl"][0]["runtime"] == "4320"

@@ -111,12 +111,16 @@ def _run(verb, root, out, *extra):
 def test_train_dist_vllm_equals_one_process(inputs, tmp_path):
     from safetensors.torch import load_file
 
-    dist = _run("train-dist", inputs, tmp_path / "dist", "--nproc-per-node", "2")
-    one = _run("train", inputs, tmp_path / "one")
+    # the engines' memory share is a config key, passed to vLLM by both verbs (on CPU the KV cache
+    # is VLLM_CPU_KVCACHE_SPACE's 1 GiB, which wins over it)
+    memory = ("--set", "sampler.gpu_memory_utilization=0.2")
+    dist = _run("train-dist", inputs, tmp_path / "dist", "--nproc-per-node", "2", *memory)
+    one = _run("train", inputs, tmp_path / "one", *memory)
     assert [r["step"] for r in dist] == [r["step"] for r in one] == [0, 1]
     # both engines started from the sampler checkpoint rank 0 wrote, with vLLM's external launcher
     cfg = json.loads((tmp_path / "dist" / "config.json").read_text())
     assert cfg["world_size"] == 2 and cfg["sampler"]["engine"] == "vllm"
+    assert cfg["sampler"]["gpu_memory_utilization"] == 0.2
 
     for d, o in zip(dist, one, strict=True):
         assert 0 < o["reward_mean"] < 1, o["reward_mean"]  # non-zero advantages: the update moves

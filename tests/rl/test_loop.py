@@ -119,3 +119,50 @@ def test_device_checkpoint_writes_the_same_files_as_a_cpu_one(tiny_model, tmp_pa
     _save_checkpoint(tmp_path / "dev", trainer, {"step": 1})
     for name in ("model.safetensors", "optimizer.safetensors", "state.json", "manifest.json"):
         assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "dev" / name).read_bytes(), name
+
+
+def test_resume_hashes_each_checkpoint_file_once(tiny_inputs, tmp_path, monkeypatch):
+    """`--resume` verifies the checkpoint before building anything (check_inputs) and the load takes
+    that verification: every file of the checkpoint is hashed once, not once per check."""
+    from collections import Counter
+
+    import minite.checkpoint as ck
+
+    out = tmp_path / "run"
+    train(_cfg(tiny_inputs, out, steps=2, checkpoint_every=2), progress=False)
+    hashed: Counter[str] = Counter()
+    real = ck.sha256_file
+
+    def counting(path):
+        hashed[f"{path.parent.name}/{path.name}"] += 1
+        return real(path)
+
+    monkeypatch.setattr(ck, "sha256_file", counting)
+    state_before = (out / "checkpoint" / "state.json").read_text()
+    train(_cfg(tiny_inputs, out, steps=2, checkpoint_every=2), resume=True, progress=False)  # 0 steps left
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    assert hashed == Counter({f"checkpoint/{name}": 1 for name in manifest})
+    assert (out / "checkpoint" / "state.json").read_text() == state_before
+
+
+@pytest.mark.parametrize("frac", [None, 0.4])
+def test_vllm_memory_share_reaches_the_engine(tiny_inputs, tmp_path, monkeypatch, frac):
+    """`rl.sampler.gpu_memory_utilization` goes to `minite train`'s vLLM engine; unset, nothing is
+    passed (vLLM's default, as before the key existed)."""
+    import minite.engines.vllm.engine as engine
+    from minite.recipes import get_recipe
+    from minite.rl.loop import SamplerConfig, make_sampler
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, model_dir, recipe, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(engine, "VLLMSampler", Recorder)
+    cfg = _cfg(tiny_inputs, tmp_path, sampler=SamplerConfig(engine="vllm", gpu_memory_utilization=frac))
+    make_sampler(cfg, None, get_recipe("minite"), None)
+    if frac is None:
+        assert "gpu_memory_utilization" not in seen
+    else:
+        assert seen["gpu_memory_utilization"] == frac

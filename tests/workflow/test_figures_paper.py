@@ -84,24 +84,40 @@ def _fake_results(root: Path) -> dict:
                 )
             )
             evals.append(e)
-    tp = root / "throughput.json"
-    tp.write_text(
+    # the throughput stage's two reports (`minite bench learner` / `minite bench rollout`), reduced
+    names = ["bf16", "te_nvfp4", "minite"]
+    device = {"kind": "cpu", "label": "CPU numbers (test)"}
+    shape = {"name": str(root / "base_model"), "source": "model_dir", "num_hidden_layers": 2}
+    learner = root / "throughput" / "learner.json"
+    learner.parent.mkdir(parents=True)
+    learner.write_text(
         json.dumps(
             {
-                "device": {"kind": "cpu", "label": "CPU numbers (test)"},
-                "recipes": {
-                    n: {
-                        "learner": {"tokens_per_s": 100.0 * (i + 1)},
-                        "rollout": {"tokens_per_s": 50.0, "engine": "builtin"},
-                        "learner_ratio_vs_bf16": float(i + 1),
-                        "rollout_ratio_vs_bf16": 1.0,
-                    }
-                    for i, n in enumerate(["bf16", "te_nvfp4", "minite"])
-                },
+                "kind": "learner",
+                "device": device,
+                "shape": shape,
+                "recipes": {n: {"tokens_per_s": 100.0 * (i + 1)} for i, n in enumerate(names)},
                 "mlflow": {"bf16": {"run_id": "tpbf16".ljust(32, "0")}},
             }
         )
     )
+    rollout = root / "throughput" / "rollout.json"
+    rollout.write_text(
+        json.dumps(
+            {
+                "kind": "rollout",
+                "engine": "builtin",
+                "device": device,
+                "shape": shape,
+                "recipes": {
+                    n: {"batches": {"2": {"tokens_per_s": 10.0}, "16": {"tokens_per_s": 50.0 / (i + 1)}}}
+                    for i, n in enumerate(names)
+                },
+                "mlflow": {"minite": {"run_id": "tprollminite".ljust(32, "0")}},
+            }
+        )
+    )
+    tp = [learner, rollout]
     return {"rl": rl_dirs, "evals": evals, "throughput": tp}
 
 
@@ -130,6 +146,15 @@ def test_figures_tables_and_report(tmp_path):
         for fmt in ("png", "pdf"):
             assert (tmp_path / "fig" / f"{name}.{fmt}").stat().st_size > 1000, name
     assert set(manifest["tables"]) >= {"main", "ablations", "throughput", "eval", "compute"}
+    # throughput: each recipe's ratio to bf16 from the two reports (rollout: at the largest batch)
+    assert manifest["figures"]["throughput"]["sources"] == [str(f) for f in res["throughput"]]
+    assert manifest["figures"]["throughput"]["mlflow_runs"] == [
+        "tpbf16".ljust(32, "0"),
+        "tprollminite".ljust(32, "0"),
+    ]
+    tpt = (tmp_path / "tab" / "throughput.csv").read_text().splitlines()
+    minite_row = next(line for line in tpt if line.startswith("minite"))
+    assert ",300.0,3.0,16.66" in minite_row and ",builtin,16,cpu," in minite_row
     main = (tmp_path / "tab" / "main.md").read_text()
     assert "minite (aligned)" in main and "bf160000" in main  # MLflow run id prefix in each row
     abl = (tmp_path / "tab" / "ablations.csv").read_text().splitlines()
@@ -149,4 +174,5 @@ def test_figures_tables_and_report(tmp_path):
     for fig in ("rl_curves", "mismatch", "throughput", "ablations"):
         assert f"(figures/{fig}.png)" in text and (tmp_path / "paper" / "figures" / f"{fig}.png").is_file()
     assert "MLflow runs:" in text and "CPU" in text
+    assert "minite (aligned) learner ×3.00 / rollout ×0.33" in text
     assert "**Table 1.**" in text and "| recipe |" in text

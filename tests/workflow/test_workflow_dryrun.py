@@ -19,7 +19,8 @@ def test_dry_run_plans_every_profile(profile, workdir):
     cfg = load_profile(profile)
     n_runs = sum(len(run_seeds(cfg, r)) for r in run_names(cfg))
     assert jobs["rl"] == n_runs and jobs["eval"] == n_runs
-    assert jobs["prepare"] == jobs["throughput"] == jobs["figures"] == jobs["paper"] == 1
+    assert jobs["prepare"] == jobs["figures"] == jobs["paper"] == 1
+    assert jobs["throughput_learner"] == jobs["throughput_rollout"] == 1 and "throughput" not in jobs
     assert jobs["run_config"] == len(run_names(cfg))
     assert not (workdir / "results").exists()  # a plan writes nothing
 

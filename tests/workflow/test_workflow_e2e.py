@@ -156,9 +156,18 @@ def test_workflow_end_to_end(tmp_path):
             assert (res_dir / "diagnose" / run / f"seed{s}" / "report.html").stat().st_size > 1000
             assert (work / "logs" / PROFILE / "rl" / run / f"seed{s}.log").is_file()
             assert (res_dir / "benchmarks" / "rl" / run / f"seed{s}.tsv").is_file()
-    tp = json.loads((res_dir / "throughput" / "throughput.json").read_text())
-    assert tp["device"]["kind"] == "cpu" and "CPU numbers" in tp["device"]["label"]
-    assert set(tp["recipes"]) == set(cfg["recipes"]) and tp["recipes"]["bf16"]["learner_ratio_vs_bf16"] == 1.0
+    # throughput: `minite bench learner` and `minite bench rollout` on the prepared base model
+    for kind in ("learner", "rollout"):
+        tp = json.loads((res_dir / "throughput" / f"{kind}.json").read_text())
+        assert tp["kind"] == kind and tp["shape"]["source"] == "model_dir", kind
+        assert tp["shape"]["name"] == f"results/{PROFILE}/prepare/base_model", kind
+        assert tp["device"]["kind"] == "cpu" and "CPU numbers" in tp["device"]["label"], kind
+        assert set(tp["recipes"]) == set(cfg["recipes"]) and set(tp["mlflow"]) == set(cfg["recipes"]), kind
+        assert (res_dir / "throughput" / f"{kind}.md").is_file()
+        assert tp["environment"]["command"].startswith(f"minite bench {kind} --model-dir"), kind
+        assert {f"{r}/bf16" for r in cfg["recipes"] if r != "bf16"} <= set(tp["ratios"]), kind
+    batches = [str(b) for b in cfg["throughput"]["rollout"]["batch_sizes"]]
+    assert all(list(r["batches"]) == batches for r in tp["recipes"].values())
     for fig in ("rl_curves", "mismatch", "throughput", "ablations"):
         for fmt in ("png", "pdf"):
             assert (res_dir / "figures" / f"{fig}.{fmt}").stat().st_size > 1000
@@ -188,7 +197,7 @@ def test_workflow_end_to_end(tmp_path):
         expected |= {
             f"{st}/{run}/seed{s}" for st in ("rl", "eval", "diagnose") for run, ss in runs.items() for s in ss
         }
-        expected |= {f"throughput/{r}" for r in cfg["recipes"]}
+        expected |= {f"throughput_{kind}/{r}" for kind in ("learner", "rollout") for r in cfg["recipes"]}
         assert set(by_key) == expected, set(by_key) ^ expected
         assert len(found) == len(expected)  # one run per key: nothing duplicated
         for key, r in by_key.items():
@@ -232,7 +241,9 @@ def test_workflow_end_to_end(tmp_path):
     restore = _edit(path, path.read_text().replace("fp32_norm: true", "fp32_norm: false"))
     jobs = _jobs_after(work, config)
     assert {wc["run"] for r, wc in jobs if r == "rl"} == {base, abl}  # the recipe and what extends it
-    assert "prepare" not in {r for r, _ in jobs} and "throughput" in {r for r, _ in jobs}
+    assert "prepare" not in {r for r, _ in jobs} and {"throughput_learner", "throughput_rollout"} <= {
+        r for r, _ in jobs
+    }
     restore()
 
     jobs = _jobs_after(work, [*config, "rl={steps: 3}"])
