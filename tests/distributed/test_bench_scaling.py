@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from minite.distributed.scaling import ScalingSpec, model_config, recipe_of
+from minite.profiles import load_profile
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +81,15 @@ def test_configs_and_recipe_variants():
         151936,
     )
     assert q.num_hidden_layers == 4 and model_config("qwen3-30b-a3b", 2).num_hidden_layers == 2
-    h = model_config("h200")  # the h200 profile's prepare.model
-    assert (h.hidden_size, h.num_hidden_layers, h.num_experts, h.num_experts_per_tok) == (1024, 12, 32, 4)
+    h = model_config("h200")  # the h200 profile's prepare.model, whatever it currently says
+    want = load_profile("h200")["prepare"]["model"]
+    assert (h.hidden_size, h.num_hidden_layers, h.num_experts, h.num_experts_per_tok) == (
+        want["hidden_size"],
+        want["num_hidden_layers"],
+        want["num_experts"],
+        want["num_experts_per_tok"],
+    )
+    assert h.hidden_size != model_config("tiny").hidden_size  # a different model, not the tiny default
     with pytest.raises(ValueError, match="not tiny"):
         model_config("paper")
     r = recipe_of("minite+rne")
