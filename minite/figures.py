@@ -382,8 +382,8 @@ def fig_rl_curves(steps: pd.DataFrame, out: Path, formats, dpi, title: str) -> l
     axes[0].set(
         xlabel="RL step", ylabel="mean reward (exact match of sampled answers)", title="Rollout reward"
     )
-    if "eval/accuracy" in main and _band(axes[1], main, "step", "eval/accuracy", colors, order, marker="s"):
-        pass
+    if "eval/accuracy" in main:
+        _band(axes[1], main, "step", "eval/accuracy", colors, order, marker="s")
     axes[1].set(xlabel="RL step", ylabel="greedy accuracy, held-out prompts", title="In-loop eval accuracy")
     handles, labels = _legend(axes[0])
     _legend(axes[1])

@@ -583,7 +583,7 @@ def measure_recipe(
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
+    from minite.engines.trainer import OptimConfig, Trainer
     from minite.rl.grpo import GRPOConfig
 
     shape, layers = source.shape, source.layers
@@ -596,7 +596,7 @@ def measure_recipe(
     trainer = Trainer(model, recipe, optim, GRPOConfig(group_size=2), seed=seed)
     build_s = time.perf_counter() - t0
     batch = synthetic_batch(cfg, shape["vocab_size"], pad_id=0, seed=seed)
-    batch = TokenBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
+    batch = batch.to(device)
     adv = torch.randn(cfg.batch, generator=torch.Generator().manual_seed(seed + 1)).to(device)
     step = [0]
 

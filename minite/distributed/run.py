@@ -48,7 +48,6 @@ import argparse
 import json
 import math
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -234,7 +233,6 @@ def train_distributed(
     from minite.engines.trainer import TokenBatch
     from minite.engines.weight_sync import export_weights
     from minite.faultinject import maybe_kill
-    from minite.models.tokenizer import encode_prompt
     from minite.nn.swap import apply_numerics, set_compute_dtype
     from minite.recipes import get_recipe
     from minite.rl.grpo import group_advantages
@@ -244,10 +242,12 @@ def train_distributed(
         _truncate_metrics,
         check_inputs,
         evaluate_accuracy,
+        group_rewards,
         make_sampler,
+        step_prompts,
         summarize_metrics,
     )
-    from minite.rl.task import load_jsonl, reward
+    from minite.rl.task import load_jsonl
 
     rank, world, device = init_distributed()
     colocated = cfg.sampler.engine == "vllm"  # every rank runs a vLLM engine (module docstring)
@@ -360,34 +360,18 @@ def train_distributed(
             t0 = time.perf_counter()
             trainer.seeds.set_step(step)
             payload = None
-            rng = random.Random(cfg.seed * 1_000_003 + step)  # the same prompts on every rank
-            exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
-            prompts = [encode_prompt(tokenizer, e.prompt) for e in exs]
-            params = SamplingParams(
-                n=group,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.rollout.temperature,
-                seed=cfg.seed * 1_000_003 + step,
-                stop_token_ids=(tokenizer.eos_token_id,),
-            )
+            exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)  # the same on every rank
             groups = sample(prompts, params)
             if rank == 0:
                 completions = [c for g in groups for c in g]
-                rewards = torch.tensor(
-                    [
-                        reward(tokenizer.decode(c.token_ids), e.answer)
-                        for g, e in zip(groups, exs, strict=True)
-                        for c in g
-                    ]
-                )
+                rewards = group_rewards(tokenizer, groups, exs)
                 payload = (TokenBatch.from_completions(completions, tokenizer.pad_token_id), rewards)
             batch, rewards = _broadcast(payload)
             t_roll = time.perf_counter()
             adv = group_advantages(
                 rewards, group, scale_by_std=cfg.grpo.scale_adv_by_std, eps=cfg.grpo.adv_eps
             )
-            local = batch.select(mine)
-            local = type(local)(*(getattr(local, f).to(device) for f in local.__dataclass_fields__))
+            local = batch.select(mine).to(device)
             try:  # raised on every rank alike (the trainer reduces its checks over ranks)
                 logp_old = trainer.recompute_logprobs(local, cfg.micro_batch)
                 logp_all = trainer.gather_logprobs(logp_old).cpu()

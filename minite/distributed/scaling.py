@@ -208,8 +208,7 @@ def measure(config: str, recipe_ref: str, spec: ScalingSpec, device: torch.devic
     build_s = _max_over_ranks(time.perf_counter() - t0)
     batch, adv = synthetic_batch(spec, mcfg.vocab_size)
     mine = shard_rows(spec.batch, rank, world)
-    local = batch.select(mine)
-    local = type(local)(*(getattr(local, f).to(device) for f in local.__dataclass_fields__))
+    local = batch.select(mine).to(device)
     adv_local = adv[mine].to(device)
     if cuda:
         torch.cuda.synchronize()

@@ -36,7 +36,7 @@ from minite.checkpoint import (
 )
 from minite.configuration import ConfigError, from_dict, load_yaml, to_dict
 from minite.diagnostics.metrics import mismatch_metrics
-from minite.engines.base import SamplingParams
+from minite.engines.base import Completion, SamplingParams
 from minite.engines.device import check_device, resolve_device
 from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
@@ -416,6 +416,33 @@ def _truncate_metrics(path: Path, before_step: int) -> None:
     tmp.replace(path)
 
 
+def step_prompts(
+    cfg: TrainConfig, train_set: list[Example], tokenizer, step: int
+) -> tuple[list[Example], list[list[int]], SamplingParams]:
+    """A step's problems, encoded prompts and sampling parameters: a function of (seed, step) alone, so
+    a resumed run and every rank of `train-dist` draw the same ones."""
+    from minite.models.tokenizer import encode_prompt
+
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
+    prompts = [encode_prompt(tokenizer, e.prompt) for e in exs]
+    params = SamplingParams(
+        n=cfg.grpo.group_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        seed=cfg.seed * 1_000_003 + step,
+        stop_token_ids=(tokenizer.eos_token_id,),
+    )
+    return exs, prompts, params
+
+
+def group_rewards(tokenizer, groups: list[list[Completion]], exs: list[Example]) -> torch.Tensor:
+    """The reward of every completion, group by group (the order of the flattened completions)."""
+    return torch.tensor(
+        [reward(tokenizer.decode(c.token_ids), e.answer) for g, e in zip(groups, exs, strict=True) for c in g]
+    )
+
+
 def evaluate_accuracy(sampler, tokenizer, examples: list[Example], max_new_tokens: int) -> float:
     from minite.models.tokenizer import encode_prompt
 
@@ -497,8 +524,6 @@ def train(
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minite.models.tokenizer import encode_prompt
-
     t_begin = time.perf_counter()
     verified = check_inputs(cfg, resume=resume)
     device = resolve_device(cfg.device)
@@ -534,7 +559,6 @@ def train(
     if eval_at_start and start == 0:
         acc0 = evaluate_accuracy(sampler, tokenizer, eval_set, cfg.eval.max_new_tokens)
         initial_path.write_text(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
-    eos = tokenizer.eos_token_id
     steps_done, stopped_early = start, False
     bar = tqdm(
         range(start, cfg.steps),
@@ -547,27 +571,12 @@ def train(
         for step in bar:
             t0 = time.perf_counter()
             trainer.seeds.set_step(step)
-            rng = random.Random(cfg.seed * 1_000_003 + step)
-            exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
-            prompts = [encode_prompt(tokenizer, e.prompt) for e in exs]
-            params = SamplingParams(
-                n=group,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.rollout.temperature,
-                seed=cfg.seed * 1_000_003 + step,
-                stop_token_ids=(eos,),
-            )
+            exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)
             try:
                 groups = sampler.generate(prompts, params)
                 t_roll = time.perf_counter()
                 completions = [c for g in groups for c in g]
-                rewards = torch.tensor(
-                    [
-                        reward(tokenizer.decode(c.token_ids), e.answer)
-                        for g, e in zip(groups, exs, strict=True)
-                        for c in g
-                    ]
-                )
+                rewards = group_rewards(tokenizer, groups, exs)
                 batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
                 if not bool(torch.isfinite(rewards).all()):
                     raise NonFiniteError({"kind": "reward", "tensor": "rewards"})

@@ -19,15 +19,6 @@ from minite.models.tiny import (
 from minite.models.tokenizer import build_tokenizer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # two intra-op threads on a busy 2-core machine are several times slower than one
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     model = build_tiny_model(seed=0)

@@ -2,22 +2,12 @@
 
 import json
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from minite.rl.prepare import prepare_tiny
 from minite.rl.sft import SFTConfig
 from minite.rl.task import TaskConfig, load_jsonl
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # two intra-op threads on a busy 2-core machine are several times slower than one
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def test_prepare_tiny_layout_and_replace(tmp_path):

@@ -11,15 +11,6 @@ from minite.rl.task import Example, TaskConfig, generate
 SMALL = dict(num_hidden_layers=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # two intra-op threads on a busy 2-core machine are several times slower than one
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_tokenizer()
