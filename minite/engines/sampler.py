@@ -23,7 +23,7 @@ from transformers import DynamicCache, PretrainedConfig, Qwen3MoeForCausalLM
 
 from minite.engines.base import Completion, SamplingParams, WeightUpdate
 from minite.engines.decode import Decoder
-from minite.engines.weight_sync import drop_grouped_weight_caches, load_weights
+from minite.engines.weight_sync import load_weights
 from minite.nn.swap import apply_numerics, routers
 from minite.recipes import Recipe
 
@@ -90,11 +90,10 @@ class BuiltinSampler:
         load_weights(self.model, update)
         self.version = update.version
         if self.device.type == "cuda" and self.recipe.sampler.quantized:
-            # NVFP4 weights arrive as new tensors: graphs captured on the old ones are stale, and so are
-            # the experts' stacked copies (minite.kernels.moe caches them by address)
+            # NVFP4 weights arrive as new tensors: graphs captured on the old ones are stale (the experts'
+            # stacked copies in minite.kernels.moe are keyed by the live tensors and rebuild themselves)
             for dec in self._decoders.values():
                 dec.release_graph()
-            drop_grouped_weight_caches(self.model)
 
     def close(self) -> None:
         self._decoders.clear()

@@ -22,7 +22,6 @@ from torch import nn
 
 from minite.engines.base import Completion
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
-from minite.engines.weight_sync import drop_grouped_weight_caches
 from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
 from minite.rl.grpo import GRPOConfig, grpo_loss
@@ -164,7 +163,6 @@ class Trainer:
 
     @torch.no_grad()
     def recompute_logprobs(self, batch: TokenBatch, micro_batch: int = 64) -> torch.Tensor:
-        drop_grouped_weight_caches(self.model)  # the weights may have changed since they were cached
         self.model.eval()
         out = [
             self.logprobs(batch.select(slice(i, i + micro_batch)))
@@ -276,7 +274,6 @@ class Trainer:
             grad_norm = self._clip_grads()
             stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
             self.optimizer.step()
-            drop_grouped_weight_caches(self.model)
             self._after_step()
             bad = self._nonfinite_params()
             if bad:

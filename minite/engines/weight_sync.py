@@ -19,7 +19,7 @@ from torch import nn
 
 from minite.engines.base import WeightUpdate
 from minite.nn.linear import QuantLinear
-from minite.nn.moe import GROUPED_CACHE_ATTR, QuantExperts
+from minite.nn.moe import QuantExperts
 from minite.nn.swap import decoder_layers
 from minite.numerics import NVFP4Tensor, QuantSpec, quantize
 from minite.recipes import NumericsSpec, Recipe
@@ -193,11 +193,3 @@ def load_weights(model: nn.Module, update: WeightUpdate) -> None:
         if name not in params:
             raise KeyError(f"weight update has {name!r}, which this model does not have")
         params[name].copy_(v)
-
-
-def drop_grouped_weight_caches(model) -> None:
-    """Forget the experts' stacked NVFP4 weights that `minite.kernels.moe` caches on each module, keyed
-    by tensor addresses and versions: after a weight change, a new tensor can land at a freed tensor's
-    address with the same version, and the stale stack would be used. No-op on CPU (never cached)."""
-    for m in model.modules():
-        m.__dict__.pop(GROUPED_CACHE_ATTR, None)
