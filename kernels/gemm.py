@@ -93,10 +93,19 @@ class GemmConfig:
 # Since 2026-11-30 (second H200 run) the auto path uses it for M <= 16 at N*K <= DECODE_KERNEL_MIN_NK
 # only, with the float16-scale decoder it was measured with there (13.74 / 14.00 us at N=K=4096).
 DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
-SMALL_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
+# 17-64 rows: the tiles along N alone leave most SMs idle (N / 128 programs, 4 at N = 512), so K is split
+# as in the batch-invariant config. H200, M = 64, this tile with split <= 4: 13.1 / 10.0 / 14.5 us at N x K
+# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/decode_h200.md), where the unsplit 64x128 tile took
+# 32.5 us on average over the te_nvfp4 sampler's q/k/v/o projections at batch 64 (same file).
+SMALL_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # M=N=K=8192 fused: 3.28 ms = 335 TFLOP/s (0.47x cuBLAS); 128x256x128 w8 s4 3.29 ms, 256x128x128
 # 3.87 ms, s2 3.50 ms, group_m=16 3.18 ms. method="cublas" (the default at this size) 1.64 ms.
 LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
+# One tile for every M, and a wgmma one: on the H200 the tiles of one K step that run wgmma (BLOCK_M >= 64)
+# give the same bits whatever their shape, but a 16- or 32-row tile runs mma.sync, which rounds inside
+# the MMA differently: on inputs whose block magnitudes spread over 10^±3, 33-89 % of its outputs differ
+# (scripts/gpu/tile_bits.py, results/bench/decode_h200.md). A 16-row tile at decode (8.6 against 10.5 us
+# at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
 BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
@@ -135,7 +144,7 @@ def pick_config(m: int, n: int, k: int, batch_invariant: bool = False, device_in
     if m <= 16:
         return replace(DECODE_CONFIG, split_k=split_for(n, k, DECODE_CONFIG, device_index))
     if m <= 64:
-        return SMALL_CONFIG
+        return replace(SMALL_CONFIG, split_k=min(4, split_for(n, k, SMALL_CONFIG, device_index)))
     return LARGE_CONFIG
 
 

@@ -13,11 +13,14 @@
 
 The math per tile is the dense kernel's (`_w4a4_mainloop`, epilogue acc · 2^18 · s_dec_a · s_dec_b),
 so expert e's rows equal `nvfp4_matmul_ref` on that expert's operands up to float32 summation order.
-The forward grid is an upper bound, cdiv(T, BLOCK_M) + E row tiles: program p finds its expert by
-counting the experts whose tiles end at or before p (tile offsets are computed on the device), so
+The forward grid is an upper bound, min(cdiv(T, BLOCK_M) + E, T) row tiles: program p finds its expert
+by counting the experts whose tiles end at or before p (tile offsets are computed on the device), so
 nothing is copied to the host and the launch can be captured in a CUDA graph; surplus programs exit
-through empty masks. A fixed config for every T keeps a row's result independent of how many tokens
-each expert received (batch invariance, as in the dense kernel's batch_invariant mode).
+through empty masks. The tile follows the number of rows (`grouped_config`: smaller at decode). Every
+config shares BLOCK_K, hence the K order of a row, and the batch-invariant ones (per-row activation
+scales) are wgmma tiles, which on the H200 give the same bits whatever their shape: a row's result does not
+depend on how many tokens each expert received (as in the dense kernel's batch_invariant mode; the GPU run
+of tests/kernels checks it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,18 @@ if HAS_TRITON:
 # (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms, 128x256x64 1.08 ms
 # (results/bench/kernels_h200.json)
 GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
+# Few rows per expert (decode). Batch-invariant (per-row activation scales, the minite recipe): a 64-row
+# wgmma tile, which on the H200 gives GROUPED_CONFIG's bits (every wgmma tile of one K step does;
+# scripts/gpu/tile_bits.py). Otherwise, up to 16 rows per expert, a 16-row tile, faster but on mma.sync,
+# which rounds inside the MMA differently (33-71 % of outputs differ on inputs with spread block
+# magnitudes). H200, 128 experts top-8, gate_up at 1 / 16 / 64 / 256 / 512 / 1024 tokens (us): 64-row
+# 40 / 162 / 230 / 236 / 247 / 361, 16-row 30 / 116 / 163 / 222 / 365 / 624, GROUPED_CONFIG 62 / 211 /
+# 300 / 312 / 320 / 335, torch._grouped_mm bf16 29 / 175 / 259 / 262 / 257 / 259; down alike
+# (scripts/gpu/decode_configs.py, results/bench/decode_h200.md).
+GROUPED_FEW_ROWS_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
+GROUPED_FEW_ROWS_FAST_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4)
+FAST_ROWS_PER_EXPERT = 16  # the 16-row tile up to this many rows per expert on average
+FEW_ROWS_PER_EXPERT = 32  # the 64-row tile up to this many
 # wgrad steps 64 tokens at a time: expert segments are padded to multiples of 64 (WGRAD_ALIGN) so the
 # loads need no masks, at the price of at most 63 zero tokens per expert
 WGRAD_CONFIG = GemmConfig(128, 128, 64, num_warps=8, num_stages=4)
@@ -216,6 +231,17 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
     )
 
 
+def grouped_config(rows: int, experts: int, batch_invariant: bool = True) -> GemmConfig:
+    """The forward/dgrad config for `rows` routed rows over `experts`: a function of the shape only.
+    `batch_invariant`: only wgmma tiles of one BLOCK_K, whose bits (on the H200) do not depend on the tile,
+    so a row's result does not depend on how many rows the batch has."""
+    if not batch_invariant and rows <= FAST_ROWS_PER_EXPERT * experts:
+        return GROUPED_FEW_ROWS_FAST_CONFIG
+    if rows <= FEW_ROWS_PER_EXPERT * experts:
+        return GROUPED_FEW_ROWS_CONFIG
+    return GROUPED_CONFIG
+
+
 def nvfp4_grouped_matmul(
     a: NVFP4Tensor,
     b: NVFP4Tensor,
@@ -223,8 +249,13 @@ def nvfp4_grouped_matmul(
     out_dtype: torch.dtype = torch.float32,
     *,
     config: GemmConfig | None = None,
+    batch_invariant: bool | None = None,
 ) -> torch.Tensor:
     """A (T, K) rows sorted by expert @ B_e (N, K)ᵀ per expert -> (T, N).
+
+    batch_invariant (when no config is given): only tiles whose bits do not depend on T
+    (`grouped_config`); None: when A has per-row scales (which make a row's quantization independent of
+    the batch; as minite.numerics.dispatch.matmul decides for the dense kernel).
 
     b: qdata (E, N, K/2), scale (E, N, K/16), global_scale one scalar, (E,) or (E, N, 1).
     a: global_scale a scalar or one per row (T, 1) (nvfp4_quantize_grouped gives per-expert tensor
@@ -252,11 +283,15 @@ def nvfp4_grouped_matmul(
     out = empty((t, n), out_dtype, aq.device)
     if t == 0 or n == 0:
         return out
-    cfg = config or GROUPED_CONFIG
+    if batch_invariant is None:
+        batch_invariant = a.spec is not None and a.spec.scope == "row"
+    cfg = config or grouped_config(t, e, batch_invariant)
     counts = (offsets[1:] - offsets[:-1]).to(torch.int32)
     tile_offs = torch.zeros(e + 1, dtype=torch.int32, device=aq.device)
     tile_offs[1:] = torch.cumsum((counts + cfg.block_m - 1) // cfg.block_m, 0)
-    grid = (triton.cdiv(t, cfg.block_m) + e, triton.cdiv(n, cfg.block_n))
+    # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
+    # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
+    grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))
     _nvfp4_grouped_gemm_kernel[grid](
         aq,
         as_,
@@ -363,4 +398,13 @@ def nvfp4_grouped_wgrad(
     return out
 
 
-__all__ = ["GROUPED_CONFIG", "WGRAD_ALIGN", "WGRAD_CONFIG", "nvfp4_grouped_matmul", "nvfp4_grouped_wgrad"]
+__all__ = [
+    "GROUPED_CONFIG",
+    "GROUPED_FEW_ROWS_CONFIG",
+    "GROUPED_FEW_ROWS_FAST_CONFIG",
+    "WGRAD_ALIGN",
+    "WGRAD_CONFIG",
+    "grouped_config",
+    "nvfp4_grouped_matmul",
+    "nvfp4_grouped_wgrad",
+]

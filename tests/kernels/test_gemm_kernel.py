@@ -65,7 +65,7 @@ SCOPES = [("tensor", "tensor"), ("row", "tensor"), ("row", "row"), ("tensor", "r
 
 @pytest.mark.parametrize("n", [24, 70], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("k", [16, 48], ids=lambda k: f"K{k}")
-@pytest.mark.parametrize("m", [1, 3, 100], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("m", [1, 3, 40, 100], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize(("scope_a", "scope_b"), SCOPES, ids=lambda s: s)
 def test_matches_reference(scope_a, scope_b, m, k, n, device):
     g = gen(m * 1000 + k * 10 + n + len(scope_a) + 3 * len(scope_b))
@@ -202,6 +202,8 @@ def test_pick_config_is_a_function_of_the_shape(monkeypatch):
     assert pick_config(1, 4096, 4096).block_m == 16
     assert pick_config(1, 4096, 4096).split_k == 4  # 64 column tiles x 4 = 256 programs, 4 K steps each
     assert pick_config(16, 8192, 8192).split_k == 4
+    assert pick_config(64, 512, 2048).split_k == 4  # 8 column tiles: K split to fill the SMs
+    assert pick_config(65, 512, 2048).split_k == 1
     for n, k in ((4096, 4096), (64, 64), (1536, 2048)):
         cfgs = {pick_config(m, n, k, batch_invariant=True) for m in (1, 3, 16, 100, 4096)}
         assert len(cfgs) == 1 and cfgs.pop().block_k == BATCH_INVARIANT_CONFIG.block_k
@@ -222,3 +224,14 @@ def test_clear_errors(device):
         nvfp4_matmul(a, torch.zeros(4, 32))
     with pytest.raises(ValueError, match="bias"):
         nvfp4_matmul(a, a, bias=torch.zeros(3, device=device))
+
+
+def test_small_m_auto_path_splits_k_and_matches_reference(device):
+    """17-64 rows take SMALL_CONFIG with a K split (partial sums added in a fixed order afterwards)."""
+    m, n, k = 40, 48, 1024
+    assert pick_config(m, n, k).split_k > 1
+    g = gen(12)
+    a = quantize(blocky((m, k), g), QuantSpec(scope="tensor"))
+    b = quantize(blocky((n, k), g), QuantSpec(block="16x16"))
+    out = nvfp4_matmul(_on(a, device), _on(b, device))
+    _check(out, a, b)

@@ -288,3 +288,52 @@ def test_stacked_weight_cache_needs_the_same_tensor_not_its_address(device):
     expect = nvfp4_quantize_batched(p2.detach(), spec)
     assert torch.equal(q2.qdata, expect.qdata) and torch.equal(q2.scale, expect.scale)
     assert not torch.equal(q2.qdata, q1.qdata)
+
+
+@pytest.mark.parametrize(
+    "counts", [[1, 0, 0, 2, 0, 0, 0, 1], [5, 0, 1, 37, 16, 0, 3, 0]], ids=["decode", "mixed"]
+)
+def test_batch_invariant_tiles_give_the_same_bits(counts, device):
+    """The grouped config follows the row count (grouped_config). With batch_invariant (per-row
+    activation scales) it picks only wgmma tiles of one BLOCK_K, whose bits on the GPU do not depend on
+    the tile; the fast few-row tile (mma.sync) rounds differently inside the MMA and is only held to
+    float32 summation order, as is everything under the interpreter (numpy's dot is not tile-invariant).
+    Inputs with block magnitudes spread over decades (`blocky`), where mma.sync and wgmma differ. At
+    decode (T = 4 rows, 8 experts) the grid is bounded by T, and no row is lost to the bound."""
+    from minite.kernels.grouped_gemm import (
+        GROUPED_CONFIG,
+        GROUPED_FEW_ROWS_CONFIG,
+        GROUPED_FEW_ROWS_FAST_CONFIG,
+        grouped_config,
+    )
+
+    g = gen(21)
+    k, n = 256, 48
+    offs, o = _offsets(counts, device)
+    x = blocky((o[-1], k), g).to(device)
+    w = blocky((len(counts), n, k), g).to(device)
+    qa = nvfp4_quantize_grouped(x, offs, QuantSpec(scope="row"))
+    qw = nvfp4_quantize_batched(w, QuantSpec(block="16x16"))
+    e = len(counts)
+    assert grouped_config(o[-1], e) == GROUPED_FEW_ROWS_CONFIG
+    assert grouped_config(o[-1], e, batch_invariant=False) == GROUPED_FEW_ROWS_FAST_CONFIG
+    assert grouped_config(17 * e, e) == grouped_config(17 * e, e, False) == GROUPED_FEW_ROWS_CONFIG
+    assert grouped_config(33 * e, e) == grouped_config(33 * e, e, False) == GROUPED_CONFIG
+    for cfg in (GROUPED_CONFIG, GROUPED_FEW_ROWS_CONFIG):
+        assert cfg.block_m >= 64 and cfg.num_warps % 4 == 0 and cfg.block_k == GROUPED_CONFIG.block_k
+    invariant = [
+        nvfp4_grouped_matmul(qa, qw, offs, config=cfg)
+        for cfg in (GROUPED_CONFIG, GROUPED_FEW_ROWS_CONFIG, GemmConfig(64, 64, 128), None)
+    ]
+    fast = nvfp4_grouped_matmul(qa, qw, offs, batch_invariant=False)
+    for out in invariant[1:]:
+        if device == "cuda":
+            assert torch.equal(out, invariant[0])
+        else:
+            assert torch.allclose(out, invariant[0], rtol=1e-5, atol=0)
+    for e_ in range(e):
+        if o[e_] < o[e_ + 1]:
+            ref_a = quantize(x[o[e_] : o[e_ + 1]].cpu(), QuantSpec(scope="row"))
+            ref_w = quantize(w[e_].cpu(), QuantSpec(block="16x16"))
+            _check(invariant[-1][o[e_] : o[e_ + 1]], ref_a, ref_w)
+            _check(fast[o[e_] : o[e_ + 1]], ref_a, ref_w)
