@@ -118,6 +118,27 @@ def main() -> int:
                 f"{name}_graph_decode", rel(outs[True], outs[False]) < 1e-2, f"graph == eager bitwise: {same}"
             )
         sampler.close()
+    # minite: a decode step (8 rows: the few-row GEMM tiles) against the whole sequence in one forward
+    # (176 tokens: the large tiles) on the same weights; the sampler-trainer alignment needs them equal
+    sampler = build_sampler(MINITE, TOY, 3, dev, seed=0)
+    prompt = torch.randint(3, TOY["vocab_size"], (8, 16), device=dev)
+    dec = Decoder(sampler.model, 8, 32, dev)
+    steps, seq = [dec.prefill(prompt)], prompt
+    for t in range(6):
+        tok = steps[-1].argmax(-1)
+        seq = torch.cat([seq, tok[:, None]], 1)
+        dec.set_next(tok, 16 + t)
+        steps.append(dec.step(False).clone())
+    with torch.no_grad():
+        full = sampler.model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[:, 15:].float()
+    dec_logits = torch.stack(steps, 1).float()
+    same = torch.equal(dec_logits, full)
+    check(
+        "minite_decode_tiles_vs_full_forward",
+        same,
+        f"decode-step logits == one full forward bitwise: {same} (max rel {rel(dec_logits, full):.2e})",
+    )
+    sampler.close()
     print("failed:", FAILED or "none", flush=True)
     return 1 if FAILED else 0
 

@@ -1,0 +1,163 @@
+"""Few-row configs for the W4A4 kernels at decode shapes: are they bit-identical to the shipped configs
+(same BLOCK_K, so the same K order; only the tile and MMA instruction differ) and how fast are they?
+
+Qwen3-30B-A3B shapes: grouped experts (128 experts, top-8; gate_up N=1536 K=2048, down N=2048 K=768)
+at decode batches, against the shipped GROUPED_CONFIG and torch._grouped_mm bf16; dense projections
+against BATCH_INVARIANT_CONFIG and cuBLAS bf16; the float64 attention core at decode. Every time is a
+CUDA graph of 20 calls, median of 5 replays.
+
+    python3 scripts/gpu/decode_configs.py
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import torch
+
+from minite.kernels.gemm import BATCH_INVARIANT_CONFIG, GemmConfig, nvfp4_matmul, split_for
+from minite.kernels.grouped_gemm import (
+    GROUPED_CONFIG,
+    GROUPED_FEW_ROWS_CONFIG,
+    GROUPED_FEW_ROWS_FAST_CONFIG,
+    nvfp4_grouped_matmul,
+)
+from minite.kernels.quantize import nvfp4_quantize, nvfp4_quantize_batched, nvfp4_quantize_grouped
+from minite.numerics import QuantSpec
+
+ROW = QuantSpec(scope="row")
+W16 = QuantSpec(block="16x16", scope="tensor")
+
+
+def graph_us(fn, calls: int = 20, reps: int = 5) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def routing(tokens: int, experts: int, top_k: int, gen: torch.Generator):
+    idx = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).cuda()
+    flat = idx.reshape(-1)
+    ids, perm = torch.sort(flat, stable=True)
+    offsets = torch.searchsorted(ids, torch.arange(experts + 1, device="cuda"))
+    return offsets, perm // top_k
+
+
+def grouped(gen: torch.Generator) -> None:
+    e, top = 128, 8
+    cands = {
+        "large 128x256 w8 s3 (GROUPED_CONFIG)": GROUPED_CONFIG,
+        "64x128 w4 s4 (GROUPED_FEW_ROWS_CONFIG, wgmma)": GROUPED_FEW_ROWS_CONFIG,
+        "64x64 w4 s4 (wgmma)": GemmConfig(64, 64, 128, num_warps=4, num_stages=4),
+        "16x128 w4 s4 (GROUPED_FEW_ROWS_FAST_CONFIG, mma.sync)": GROUPED_FEW_ROWS_FAST_CONFIG,
+        "16x64 w4 s4 (mma.sync)": GemmConfig(16, 64, 128, num_warps=4, num_stages=4),
+    }
+    print("\n## grouped W4A4 (activation pre-quantized), us a call (x: bf16 time / ours); DIFF: bits differ")
+    print("from the large config on these randn inputs (see tile_bits.py for inputs with spread magnitudes)")
+    print("| linear | tokens | rows | bf16 _grouped_mm | " + " | ".join(cands) + " |")
+    for name, n, k in (("gate_up", 1536, 2048), ("down", 2048, 768)):
+        w = torch.randn(e, n, k, generator=gen).cuda().bfloat16() * 0.02
+        qw = nvfp4_quantize_batched(w, W16)
+        wt = w.transpose(1, 2)  # (E, K, N) for _grouped_mm
+        for tokens in (1, 16, 64, 256, 512, 1024):
+            offsets, tok = routing(tokens, e, top, gen)
+            x = torch.randn(tokens, k, generator=gen).cuda().bfloat16()[tok]
+            qx = nvfp4_quantize_grouped(x, offsets, ROW)
+            offs32 = offsets[1:].to(torch.int32)
+            bf16 = graph_us(lambda x=x, wt=wt, o=offs32: torch._grouped_mm(x, wt, offs=o))
+            ref = nvfp4_grouped_matmul(qx, qw, offsets, config=GROUPED_CONFIG)
+            cells = []
+            for cfg in cands.values():
+                out = nvfp4_grouped_matmul(qx, qw, offsets, config=cfg)
+                same = torch.equal(out, ref)
+                t = graph_us(
+                    lambda cfg=cfg, qx=qx, qw=qw, o=offsets: nvfp4_grouped_matmul(qx, qw, o, config=cfg)
+                )
+                cells.append(f"{t:.1f} ({bf16 / t:.2f}x){'' if same else ' DIFF'}")
+            print(f"| {name} | {tokens} | {tokens * top} | {bf16:.1f} | " + " | ".join(cells) + " |")
+
+
+def dense(gen: torch.Generator) -> None:
+    print("\n## dense W4A4 batch-invariant candidates (activation pre-quantized), us; DIFF: bits differ")
+    print("| N x K | M | cuBLAS bf16 | shipped 64x64x128 | 64x128x128 | 64x32x128 | 16x64x128 (mma.sync) |")
+    for n, k in ((4096, 2048), (512, 2048), (2048, 4096)):
+        w = torch.randn(n, k, generator=gen).cuda().bfloat16() * 0.02
+        qw = nvfp4_quantize(w, W16)
+        split = min(4, split_for(n, k, BATCH_INVARIANT_CONFIG))
+        cands = [
+            replace(BATCH_INVARIANT_CONFIG, split_k=split),
+            GemmConfig(64, 128, 128, num_warps=4, num_stages=4, split_k=split),
+            GemmConfig(64, 32, 128, num_warps=4, num_stages=4, split_k=split),
+            GemmConfig(16, 64, 128, num_warps=4, num_stages=4, split_k=split),
+        ]
+        for m in (1, 16, 64):
+            x = torch.randn(m, k, generator=gen).cuda().bfloat16()
+            qx = nvfp4_quantize(x, ROW)
+            bf16 = graph_us(lambda x=x, w=w: x @ w.T)
+            ref = nvfp4_matmul(qx, qw, config=cands[0], method="fused")
+            cells = []
+            for cfg in cands:
+                out = nvfp4_matmul(qx, qw, config=cfg, method="fused")
+                same = torch.equal(out, ref)
+                t = graph_us(lambda cfg=cfg, qx=qx, qw=qw: nvfp4_matmul(qx, qw, config=cfg, method="fused"))
+                cells.append(f"{t:.1f} ({bf16 / t:.2f}x){'' if same else ' DIFF'}")
+            print(f"| {n}x{k} | {m} | {bf16:.1f} | " + " | ".join(cells) + " |")
+
+
+def attention() -> None:
+    from minite.nn.attention import attention_fp64
+
+    def repeat_version(q, k, v, keep, scale):  # the previous attention_fp64 (repeat_interleave)
+        groups = q.shape[1] // k.shape[1]
+        kd = k.double().repeat_interleave(groups, dim=1)
+        vd = v.double().repeat_interleave(groups, dim=1)
+        logits = torch.matmul(q.double(), kd.transpose(-1, -2)) * scale
+        logits = logits.masked_fill(~keep, float("-inf"))
+        m = logits.amax(dim=-1, keepdim=True)
+        e = torch.exp(logits - m)
+        return (torch.matmul(e, vd) / e.sum(-1, keepdim=True)).to(q.dtype)
+
+    print("\n## float64 attention core, decode (one query, 256 cache slots), us")
+    print("| batch | repeat_interleave (previous) | grouped (shipped) | bits equal |")
+    for b in (1, 16, 64):
+        q = torch.randn(b, 32, 1, 128, device="cuda").bfloat16()
+        k = torch.randn(b, 4, 256, 128, device="cuda").bfloat16()
+        v = torch.randn(b, 4, 256, 128, device="cuda").bfloat16()
+        keep = torch.zeros(b, 1, 1, 256, dtype=torch.bool, device="cuda")
+        keep[..., :190] = True
+        args = (q, k, v, keep, 128**-0.5)
+        old = graph_us(lambda args=args: repeat_version(*args), calls=5)
+        new = graph_us(lambda args=args: attention_fp64(*args), calls=5)
+        same = torch.equal(repeat_version(*args), attention_fp64(*args))
+        print(f"| {b} | {old:.1f} | {new:.1f} | {same} |")
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__)
+    gen = torch.Generator().manual_seed(0)
+    attention()
+    grouped(gen)
+    dense(gen)
+
+
+if __name__ == "__main__":
+    main()
