@@ -14,13 +14,13 @@
 The math per tile is the dense kernel's (`_w4a4_mainloop`, epilogue acc · 2^18 · s_dec_a · s_dec_b),
 so expert e's rows equal `nvfp4_matmul_ref` on that expert's operands up to float32 summation order.
 The forward grid is an upper bound, min(cdiv(T, BLOCK_M) + E, T) row tiles: program p finds its expert
-by counting the experts whose tiles end at or before p (tile offsets are computed on the device), so
-nothing is copied to the host and the launch can be captured in a CUDA graph; surplus programs exit
-through empty masks. The tile follows the number of rows (`grouped_config`: smaller at decode). Every
-config shares BLOCK_K, hence the K order of a row, and the batch-invariant ones (per-row activation
-scales) are wgmma tiles, which on the H200 give the same bits whatever their shape: a row's result does not
-depend on how many tokens each expert received (as in the dense kernel's batch_invariant mode; the GPU run
-of tests/kernels checks it).
+by counting the experts whose tiles end at or before p (each program derives the tiles from the
+offsets), so nothing is copied to the host and the launch can be captured in a CUDA graph; surplus
+programs exit through empty masks. The tile follows the number of rows (`grouped_config`: smaller at
+decode). Every config shares BLOCK_K, hence the K order of a row, and the batch-invariant ones (per-row
+activation scales) are wgmma tiles, which on the H200 give the same bits whatever their shape: a row's
+result does not depend on how many tokens each expert received (as in the dense kernel's batch_invariant
+mode; the GPU run of tests/kernels checks it).
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ if HAS_TRITON:
         bgs_ptr,
         out_ptr,
         offs_ptr,
-        tile_offs_ptr,
         N,
         K,
         E,
@@ -95,12 +94,18 @@ if HAS_TRITON:
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
+        # each program derives the experts' row tiles from the offsets itself (a few hundred bytes): no
+        # host-side bookkeeping kernels before the launch, which at decode cost more than the GEMM's tail
         eidx = tl.arange(0, E_POW2)
-        tile_end = tl.load(tile_offs_ptr + 1 + eidx, mask=eidx < E, other=2147483647)
-        e = tl.sum((tile_end <= pid_m).to(tl.int32))  # expert of this row tile (E: surplus program)
+        real = eidx < E
+        rows = tl.load(offs_ptr + 1 + eidx, mask=real, other=0) - tl.load(offs_ptr + eidx, mask=real, other=0)
+        tiles = (rows + BLOCK_M - 1) // BLOCK_M
+        tile_end = tl.cumsum(tiles, 0)  # tiles of experts 0..e
+        e = tl.sum((tl.where(real, tile_end, 2147483647) <= pid_m).to(tl.int32))  # E: surplus program
         valid = e < E
         e = tl.minimum(e, E - 1)
-        m_start = tl.load(offs_ptr + e) + (pid_m - tl.load(tile_offs_ptr + e)) * BLOCK_M
+        first_tile = tl.sum(tl.where(eidx == e, tile_end - tiles, 0))
+        m_start = tl.load(offs_ptr + e) + (pid_m - first_tile) * BLOCK_M
         m_end = tl.where(valid, tl.load(offs_ptr + e + 1), 0)
         rm = m_start + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -286,9 +291,6 @@ def nvfp4_grouped_matmul(
     if batch_invariant is None:
         batch_invariant = a.spec is not None and a.spec.scope == "row"
     cfg = config or grouped_config(t, e, batch_invariant)
-    counts = (offsets[1:] - offsets[:-1]).to(torch.int32)
-    tile_offs = torch.zeros(e + 1, dtype=torch.int32, device=aq.device)
-    tile_offs[1:] = torch.cumsum((counts + cfg.block_m - 1) // cfg.block_m, 0)
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))
@@ -301,7 +303,6 @@ def nvfp4_grouped_matmul(
         bgs,
         out,
         offsets,
-        tile_offs,
         n,
         k,
         e,

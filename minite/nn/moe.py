@@ -168,7 +168,7 @@ def grouped_inference_forward(
     flat = top_k_index.reshape(-1).long()
     ids, perm = torch.sort(flat, stable=True)
     bounds = torch.arange(module.num_experts + 1, device=dev, dtype=ids.dtype)
-    offsets = torch.searchsorted(ids, bounds)  # rows of expert e: [offsets[e], offsets[e+1])
+    offsets = torch.searchsorted(ids, bounds, out_int32=True)  # rows of expert e: [offsets[e], offsets[e+1])
     tok, slot = perm // a, perm % a
     packed = module.packed_gate_up is not None
     qgu = _stacked_weight(module, "gate_up_proj", module.packed_gate_up if packed else None, n.fprop_weight)

@@ -123,18 +123,51 @@ def dense(gen: torch.Generator) -> None:
             print(f"| {n}x{k} | {m} | {bf16:.1f} | " + " | ".join(cells) + " |")
 
 
+def repeat_version(q, k, v, keep, scale):
+    """The previous attention_fp64 (repeat_interleave of the kv cache per query head)."""
+    groups = q.shape[1] // k.shape[1]
+    kd = k.double().repeat_interleave(groups, dim=1)
+    vd = v.double().repeat_interleave(groups, dim=1)
+    logits = torch.matmul(q.double(), kd.transpose(-1, -2)) * scale
+    logits = logits.masked_fill(~keep, float("-inf"))
+    m = logits.amax(dim=-1, keepdim=True)
+    e = torch.exp(logits - m)
+    return (torch.matmul(e, vd) / e.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def attention_train() -> None:
+    """The trainer's float64 core: forward + backward of one layer at learner-bench shapes."""
+    from minite.nn.attention import attention_fp64, causal_keep
+
+    print("\n## float64 attention core, training (16 x 512 tokens, 32 q / 4 kv heads of 128), fwd + bwd, ms")
+    print("| repeat_interleave (previous) | grouped (shipped) | outputs equal | grads equal |")
+    b, s = 16, 512
+    q = torch.randn(b, 32, s, 128, device="cuda").bfloat16().requires_grad_()
+    k = torch.randn(b, 4, s, 128, device="cuda").bfloat16().requires_grad_()
+    v = torch.randn(b, 4, s, 128, device="cuda").bfloat16().requires_grad_()
+    keep = causal_keep(s, s, torch.device("cuda"))
+    dy = torch.randn(b, 32, s, 128, device="cuda").bfloat16()
+    res = {}
+    for name, fn in (("old", repeat_version), ("new", attention_fp64)):
+        times = []
+        for _ in range(4):
+            q.grad = k.grad = v.grad = None
+            torch.cuda.synchronize()
+            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = fn(q, k, v, keep, 128**-0.5)
+            out.backward(dy)
+            z.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(z))
+        res[name] = (statistics.median(times[1:]), out.detach(), q.grad.clone(), k.grad.clone())
+    o, n = res["old"], res["new"]
+    grads = torch.equal(o[2], n[2]) and torch.equal(o[3], n[3])
+    print(f"| {o[0]:.1f} | {n[0]:.1f} | {torch.equal(o[1], n[1])} | {grads} |")
+
+
 def attention() -> None:
     from minite.nn.attention import attention_fp64
-
-    def repeat_version(q, k, v, keep, scale):  # the previous attention_fp64 (repeat_interleave)
-        groups = q.shape[1] // k.shape[1]
-        kd = k.double().repeat_interleave(groups, dim=1)
-        vd = v.double().repeat_interleave(groups, dim=1)
-        logits = torch.matmul(q.double(), kd.transpose(-1, -2)) * scale
-        logits = logits.masked_fill(~keep, float("-inf"))
-        m = logits.amax(dim=-1, keepdim=True)
-        e = torch.exp(logits - m)
-        return (torch.matmul(e, vd) / e.sum(-1, keepdim=True)).to(q.dtype)
 
     print("\n## float64 attention core, decode (one query, 256 cache slots), us")
     print("| batch | repeat_interleave (previous) | grouped (shipped) | bits equal |")
@@ -152,11 +185,21 @@ def attention() -> None:
 
 
 def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense"])
+    only = set(p.parse_args().only or ["attention", "train", "grouped", "dense"])
     print(torch.cuda.get_device_name(), torch.__version__)
     gen = torch.Generator().manual_seed(0)
-    attention()
-    grouped(gen)
-    dense(gen)
+    if "attention" in only:
+        attention()
+    if "train" in only:
+        attention_train()
+    if "grouped" in only:
+        grouped(gen)
+    if "dense" in only:
+        dense(gen)
 
 
 if __name__ == "__main__":
