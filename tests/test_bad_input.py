@@ -436,6 +436,16 @@ CASES: list[Case] = [
         ),
         setup=lambda i: i.checkpoint(),
     ),
+    Case(
+        "train-tensor-parallel-nvfp4-sampler",
+        lambda i: i.train(sampler={"engine": "vllm", "tensor_parallel_size": 2}),
+        (
+            "sampler.tensor_parallel_size=2 with recipe 'minite'",
+            "runs NVFP4 layers unsharded",
+            "minite train-dist --nproc-per-node N",
+            "use recipe 'bf16'",
+        ),
+    ),
     # --- the vLLM sampler's memory share (rl.sampler.gpu_memory_utilization) ----------------------
     Case(
         "train-sampler-memory-out-of-range",

@@ -288,6 +288,14 @@ def check_inputs(
             f"{md / 'config.json'}: not a readable model config ({e}); re-save the model"
         ) from e
     check_model_dims(model_config, recipe, where=str(md / "config.json"))
+    tp = cfg.sampler.tensor_parallel_size
+    if cfg.sampler.engine == "vllm" and tp > 1 and recipe.sampler.quantized:
+        raise ConfigError(
+            f"sampler.tensor_parallel_size={tp} with recipe {recipe.name!r}: the minite vLLM plugin runs "
+            "NVFP4 layers unsharded (tensor_parallel_size 1; its loaders address whole rows and 16x16 "
+            "blocks). Scale an NVFP4 sampler with replicas instead (`minite train-dist --nproc-per-node N` "
+            "with tensor_parallel_size 1, docs/cluster.md), or use recipe 'bf16' for tensor parallelism"
+        )
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(md))
