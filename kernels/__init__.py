@@ -8,6 +8,7 @@
                      reduced in the same launch in a fixed order   <- minite.numerics.nvfp4_matmul_ref
     grouped_gemm.py  grouped W4A4 GEMMs for MoE experts: forward/dgrad and wgrad
     moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
+    norm.py          fp32 RMSNorm in one pass, batch invariant    <- minite.nn.norm.rms_norm_fp32_ref
 
 This folder is installed as the package `minite.kernels` (never import it as top-level `kernels`).
 Callers normally go through minite.numerics.dispatch (`use_kernels`, `quantize`, `matmul`), which
@@ -18,6 +19,7 @@ from ._triton import HAS_TRITON, TritonUnavailableError
 from .decode import DECODE_KERNEL_CONFIG, DecodeConfig
 from .gemm import BATCH_INVARIANT_CONFIG, DECODE_CONFIG, GemmConfig, nvfp4_matmul, pick_config
 from .grouped_gemm import nvfp4_grouped_matmul, nvfp4_grouped_wgrad
+from .norm import rms_norm_fp32
 from .quantize import (
     nvfp4_quantize,
     nvfp4_quantize_batched,
@@ -42,5 +44,6 @@ __all__ = [
     "nvfp4_quantize_grouped",
     "nvfp4_quantize_segments_t",
     "pick_config",
+    "rms_norm_fp32",
     "row_amax",
 ]

@@ -33,6 +33,7 @@ from minite.nn.functional import (
     quant_linear,
 )
 from minite.nn.linear import WeightQuantCache
+from minite.nn.norm import rms_norm_fp32
 from minite.numerics import NVFP4Tensor, dispatch
 
 # where minite.kernels.moe caches the experts' stacked NVFP4 weights on a module (cleared by
@@ -278,7 +279,8 @@ class AlignedRouter(nn.Module):
 
 
 class FP32RMSNorm(nn.Module):
-    """RMSNorm computed entirely in fp32 (including the weight multiply), cast back at the end."""
+    """RMSNorm computed entirely in fp32 (including the weight multiply), cast back at the end
+    (minite.nn.norm.rms_norm_fp32: the one-kernel version on CUDA)."""
 
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
@@ -286,7 +288,4 @@ class FP32RMSNorm(nn.Module):
         self.variance_epsilon = norm.variance_epsilon
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        dtype = hidden_states.dtype
-        h = hidden_states.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (self.weight.float() * h).to(dtype)
+        return rms_norm_fp32(hidden_states, self.weight, self.variance_epsilon)

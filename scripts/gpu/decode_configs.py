@@ -166,6 +166,22 @@ def attention_train() -> None:
     print(f"| {o[0]:.1f} | {n[0]:.1f} | {torch.equal(o[1], n[1])} | {grads} |")
 
 
+def norm() -> None:
+    """fp32 RMSNorm at decode shapes: the torch reference (7-8 kernels) against the one-kernel twin."""
+    from minite.nn.norm import rms_norm_fp32, rms_norm_fp32_ref
+
+    print("\n## fp32 RMSNorm (minite fp32_norm), us a call: torch reference vs one kernel")
+    print("| rows x width | torch reference | kernel | max rel diff |")
+    for rows, d in ((1, 2048), (64, 2048), (32, 128), (2048, 128), (8192, 2048)):
+        x = torch.randn(rows, d, device="cuda").bfloat16()
+        w = torch.rand(d, device="cuda").bfloat16() + 0.5
+        ref = graph_us(lambda x=x, w=w: rms_norm_fp32_ref(x, w, 1e-6))
+        ker = graph_us(lambda x=x, w=w: rms_norm_fp32(x, w, 1e-6))
+        a, b = rms_norm_fp32(x, w, 1e-6).float(), rms_norm_fp32_ref(x, w, 1e-6).float()
+        diff = float((a - b).abs().max() / b.abs().max())
+        print(f"| {rows} x {d} | {ref:.1f} | {ker:.1f} | {diff:.1e} |")
+
+
 def attention() -> None:
     from minite.nn.attention import attention_fp64
 
@@ -188,8 +204,8 @@ def main() -> None:
     import argparse
 
     p = argparse.ArgumentParser()
-    p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense"])
-    only = set(p.parse_args().only or ["attention", "train", "grouped", "dense"])
+    p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense", "norm"])
+    only = set(p.parse_args().only or ["attention", "train", "grouped", "dense", "norm"])
     print(torch.cuda.get_device_name(), torch.__version__)
     gen = torch.Generator().manual_seed(0)
     if "attention" in only:
@@ -200,6 +216,8 @@ def main() -> None:
         grouped(gen)
     if "dense" in only:
         dense(gen)
+    if "norm" in only:
+        norm()
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ Choices, and why:
   that touches one member of a fused layer (q/k/v, one MoE layer's experts) must carry all of them;
   `update_weights` checks that (and every name) before anything is loaded. On CPU, vLLM 0.32's own
   bf16 MoE layers need a workaround to re-prepack their expert weights (`_cpu_moe_reload`).
-- `fp32_norm`: the model's RMSNorm modules are switched to the trainer's fp32 norm (minite.nn
-  `FP32RMSNorm`) in place, in-process (`_fp32_rms_norm`); the quantization plugin cannot reach norms.
+- `fp32_norm`: the model's RMSNorm modules are switched to the trainer's fp32 norm (minite.nn.norm
+  `rms_norm_fp32`) in place, in-process (`_fp32_rms_norm`); the quantization plugin cannot reach norms.
 - `rope="fp32"`: each attention module's `rotary_emb` is replaced by `_Fp32Rope` (minite.nn.attention's
   table and arithmetic, the code the trainer runs). On CPU this computes exactly what vLLM's own rotary
   op computes (tests/nn/test_rope_attention.py); the swap makes it hold on every platform. The module
@@ -67,6 +67,7 @@ import torch
 from minite.configuration import ConfigError
 from minite.engines.base import Completion, SamplingParams, WeightUpdate
 from minite.engines.vllm.layout import PACKED_SUFFIXES, fused_group, module_is_quantized, quantization_config
+from minite.nn.norm import rms_norm_fp32
 from minite.recipes import Recipe, get_recipe
 
 LOGPROBS_MODE = "raw_logprobs"
@@ -123,17 +124,13 @@ def _cpu_moe_reload(model: torch.nn.Module, stage: str) -> None:
 
 def _fp32_rms_norm(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None):
     """vLLM RMSNorm call (optionally fused with the residual add) with the trainer's numerics: the
-    residual add in the activation dtype as transformers does it, then minite.nn `FP32RMSNorm`
+    residual add in the activation dtype as transformers does it, then minite.nn.norm `rms_norm_fp32`
     (normalize and multiply by the weight in fp32, one cast at the end). vLLM's own op normalizes the
     unrounded fp32 sum and multiplies by the weight in the activation dtype."""
     if residual is not None:
         x = residual + x
         residual = x
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-    if module.has_weight:
-        h = module.weight.float() * h
-    out = h.to(x.dtype)
+    out = rms_norm_fp32(x, module.weight if module.has_weight else None, module.variance_epsilon)
     return out if residual is None else (out, residual)
 
 
