@@ -9,6 +9,7 @@
     grouped_gemm.py  grouped W4A4 GEMMs for MoE experts: forward/dgrad and wgrad
     moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
     norm.py          fp32 RMSNorm in one pass, batch invariant    <- minite.nn.norm.rms_norm_fp32_ref
+    rope.py          fp32 RoPE in one pass, the same bits         <- minite.nn.attention.apply_rope_fp32_ref
 
 This folder is installed as the package `minite.kernels` (never import it as top-level `kernels`).
 Callers normally go through minite.numerics.dispatch (`use_kernels`, `quantize`, `matmul`), which
@@ -27,6 +28,7 @@ from .quantize import (
     nvfp4_quantize_segments_t,
     row_amax,
 )
+from .rope import rope_fp32
 
 __all__ = [
     "BATCH_INVARIANT_CONFIG",
@@ -45,5 +47,6 @@ __all__ = [
     "nvfp4_quantize_segments_t",
     "pick_config",
     "rms_norm_fp32",
+    "rope_fp32",
     "row_amax",
 ]

@@ -62,7 +62,8 @@ The aligned arithmetic
 
 `rope = "fp32"`: vLLM's CPU arithmetic above, as `rope_cos_sin_table` + `apply_rope_fp32`, run by both
 engines (transformers via `AlignedAttention`, vLLM through minite.engines.vllm's module swap; on CPU
-vLLM's own op computes exactly the same, which tests/nn/test_rope_attention.py checks bit for bit).
+vLLM's own op computes exactly the same, which tests/nn/test_rope_attention.py checks bit for bit). On
+CUDA, without autograd, one kernel (minite.kernels.rope) computes the same bits as the torch ops.
 
 `attention = "fp64"`: an attention core whose bf16 result does not depend on how the work is split.
 From bf16 q, k, v: logits = (q·kᵀ) · scale in float64 (products of bf16 numbers are exact in
@@ -86,6 +87,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minite.numerics import dispatch
 from minite.recipes import AttentionCore, RopeArithmetic
 
 # --- RoPE ----------------------------------------------------------------------------------------------
@@ -149,9 +151,32 @@ def apply_rope_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     (bf16 for a bf16 model: vLLM's kernel reads bf16 cos/sin). out[:h] = x1·c − x2·s,
     out[h:] = x2·c + x1·s, h = d/2.
     """
+    if _rope_kernel_applies(x, cos, sin):
+        from minite.kernels.rope import rope_fp32
+
+        h = x.shape[-1] // 2
+        return rope_fp32(x, cos.reshape(-1, h), sin.reshape(-1, h), heads=x.shape[-2])
+    return apply_rope_fp32_ref(x, cos, sin)
+
+
+def apply_rope_fp32_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rope_fp32` in torch ops (any device, differentiable)."""
     x1, x2 = x.float().chunk(2, dim=-1)
     c, s = cos.float(), sin.float()
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+def _rope_kernel_applies(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """The one-kernel twin (minite.kernels.rope, the same bits) on CUDA, for x (..., H, d) contiguous with
+    one cos/sin row per token shared by its H heads, when no gradient is needed (it has no backward)."""
+    if not dispatch.use_kernels(x, cos, sin) or x.ndim < 2 or not x.is_contiguous():
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        return False
+    from minite.kernels.rope import rope_supported
+
+    shared = (*x.shape[:-2], 1, x.shape[-1] // 2)
+    return tuple(cos.shape) == shared and tuple(sin.shape) == shared and rope_supported(x, cos)
 
 
 # --- attention core ---------------------------------------------------------------------------------------
@@ -266,20 +291,23 @@ class AlignedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)  # (B, Hq, L, d)
-        k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)  # (B, Hkv, L, d)
-        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        q = self.q_norm(self.q_proj(hidden_states).view(hidden_shape))  # (B, L, Hq, d)
+        k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))  # (B, L, Hkv, d)
+        v = self.v_proj(hidden_states).view(hidden_shape)
 
         if self.rope == "fp32":
             pos = kwargs.get("position_ids")
             if pos is None:
                 raise ValueError("AlignedAttention rope='fp32': the decoder layer passed no position_ids")
             cos, sin = self.table.cos_sin(pos.expand(q.shape[0], -1), q.dtype)  # (B, L, d/2)
-            q = apply_rope_fp32(q, cos[:, None], sin[:, None])
-            k = apply_rope_fp32(k, cos[:, None], sin[:, None])
+            # elementwise, so the layout does not change a value: rotated before the transpose to
+            # heads-first, where the rows are (token, head) and one cos/sin row serves a token's heads
+            cos, sin = cos[:, :, None], sin[:, :, None]
+            q, k = apply_rope_fp32(q, cos, sin).transpose(1, 2), apply_rope_fp32(k, cos, sin).transpose(1, 2)
         else:
             cos, sin = position_embeddings
-            q, k = self._hf_rope(q, k, cos, sin)
+            q, k = self._hf_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)  # (B, Hkv, L, d)
 
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)

@@ -167,7 +167,7 @@ def attention_train() -> None:
 
 
 def norm() -> None:
-    """fp32 RMSNorm at decode shapes: the torch reference (7-8 kernels) against the one-kernel twin."""
+    """fp32 RMSNorm and RoPE at decode shapes: the torch references against the one-kernel twins."""
     from minite.nn.norm import rms_norm_fp32, rms_norm_fp32_ref
 
     print("\n## fp32 RMSNorm (minite fp32_norm), us a call: torch reference vs one kernel")
@@ -180,6 +180,20 @@ def norm() -> None:
         a, b = rms_norm_fp32(x, w, 1e-6).float(), rms_norm_fp32_ref(x, w, 1e-6).float()
         diff = float((a - b).abs().max() / b.abs().max())
         print(f"| {rows} x {d} | {ref:.1f} | {ker:.1f} | {diff:.1e} |")
+
+    from minite.nn.attention import RopeTable, apply_rope_fp32, apply_rope_fp32_ref
+
+    print("\n## fp32 RoPE (minite rope=fp32), us a call: torch reference vs one kernel (same bits)")
+    print("| tokens x heads | torch reference | kernel | bits equal |")
+    table = RopeTable(1_000_000.0, 128, 4096)
+    for tokens, heads in ((1, 32), (64, 32), (64, 4), (8192, 32)):
+        x = torch.randn(tokens, heads, 128, device="cuda").bfloat16()
+        cos, sin = table.cos_sin(torch.arange(tokens, device="cuda") % 4096, torch.bfloat16)
+        cos, sin = cos[:, None], sin[:, None]
+        ref = graph_us(lambda x=x, c=cos, s=sin: apply_rope_fp32_ref(x, c, s))
+        ker = graph_us(lambda x=x, c=cos, s=sin: apply_rope_fp32(x, c, s))
+        same = torch.equal(apply_rope_fp32(x, cos, sin), apply_rope_fp32_ref(x, cos, sin))
+        print(f"| {tokens} x {heads} | {ref:.1f} | {ker:.1f} | {same} |")
 
 
 def attention() -> None:

@@ -23,6 +23,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         "minite.kernels.grouped_gemm",
         "minite.kernels.moe",
         "minite.kernels.norm",
+        "minite.kernels.rope",
         "minite.kernels",
     ):
         if _name in sys.modules:
