@@ -173,11 +173,26 @@ def _run(args: argparse.Namespace, command: str) -> int:
             **kw,
         )
     _write(report, args.out, md(report))
+    _decode_figure(report, args.out)
     if args.mlflow_experiment:
         report["mlflow"] = log_mlflow(report, args.out, args.mlflow_experiment)
         _write(report, args.out, md(report), quiet=True)
     print(md(report))
     return 0
+
+
+def _decode_figure(report: dict, out: str) -> Path | None:
+    """Beside a rollout report measured at several batch sizes: decode tokens/s and the ratio to bf16
+    against batch size (minite.figures.fig_decode_batches), as <out>.png."""
+    from minite.figures import _style, decode_rows, fig_decode_batches
+
+    if decode_rows(report).empty:
+        return None
+    _style()
+    path = Path(out)
+    (png,) = fig_decode_batches(report, path.parent, ["png"], 150, "minite bench rollout", stem=path.stem)
+    print(f"minite bench: wrote {png}")
+    return Path(png)
 
 
 def _write(report: dict, out: str, md: str, quiet: bool = False) -> None:
@@ -225,7 +240,7 @@ def log_mlflow(report: dict[str, Any], out: str, experiment: str) -> dict[str, A
             config={"bench": report["config"], "shape": report["shape"], "device": report["device"]},
             params={"device": report["device"]["label"], "torch": report["environment"]["torch"]},
             metrics=metrics_of(report, name),
-            artifacts=[path, path.with_suffix(".md")],
+            artifacts=[p for p in (path, path.with_suffix(".md"), path.with_suffix(".png")) if p.exists()],
             tags={"device": report["device"]["kind"]},
         )
     return refs

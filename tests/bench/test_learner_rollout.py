@@ -100,6 +100,17 @@ def test_rollout_report_schema_and_ratios(tmp_path):
         rows["minite"]["batches"]["3"]["step_bytes"]["weights"]
         < rows["bf16"]["batches"]["3"]["step_bytes"]["weights"]
     )
+    # two batch sizes: the decode-vs-batch figure beside the report, from the same numbers
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from minite.figures import decode_rows
+
+    df = decode_rows(report)
+    assert sorted(df["batch"].unique()) == [1, 3] and set(df["run"]) == set(RECIPES)
+    got = df[(df["run"] == "minite") & (df["batch"] == 3)]["ratio"].item()
+    assert got == pytest.approx(report["ratios"]["minite/bf16"]["decode_tokens_per_s@3"])
+    one = {**report, "recipes": {k: {**v, "batches": {"1": v["batches"]["1"]}} for k, v in rows.items()}}
+    assert decode_rows(one).empty  # a single batch size: no curve to draw
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "minite"])
