@@ -138,13 +138,11 @@ def split_for(n: int, k: int, cfg: GemmConfig, device_index: int = 0, max_split:
 def pick_config(m: int, n: int, k: int, batch_invariant: bool = False, device_index: int = 0) -> GemmConfig:
     """The config for an (M, N, K) problem: a fixed function of the shape (no autotuning, so a run
     never changes its summation order because a timing came out differently)."""
-    if batch_invariant:
-        cfg = BATCH_INVARIANT_CONFIG
-        return replace(cfg, split_k=min(4, split_for(n, k, cfg, device_index)))
-    if m <= 16:
+    if m <= 16 and not batch_invariant:
         return replace(DECODE_CONFIG, split_k=split_for(n, k, DECODE_CONFIG, device_index))
-    if m <= 64:
-        return replace(SMALL_CONFIG, split_k=min(4, split_for(n, k, SMALL_CONFIG, device_index)))
+    if batch_invariant or m <= 64:
+        cfg = BATCH_INVARIANT_CONFIG if batch_invariant else SMALL_CONFIG
+        return replace(cfg, split_k=min(4, split_for(n, k, cfg, device_index)))
     return LARGE_CONFIG
 
 

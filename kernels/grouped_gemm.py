@@ -289,7 +289,7 @@ def nvfp4_grouped_matmul(
     if t == 0 or n == 0:
         return out
     if batch_invariant is None:
-        batch_invariant = a.spec is not None and a.spec.scope == "row"
+        batch_invariant = a.spec.scope == "row"
     cfg = config or grouped_config(t, e, batch_invariant)
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
