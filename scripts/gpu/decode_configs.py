@@ -4,7 +4,9 @@
 Qwen3-30B-A3B shapes: grouped experts (128 experts, top-8; gate_up N=1536 K=2048, down N=2048 K=768)
 at decode batches, against the shipped GROUPED_CONFIG and torch._grouped_mm bf16; dense projections
 against BATCH_INVARIANT_CONFIG and cuBLAS bf16; the float64 attention core at decode. Every time is a
-CUDA graph of 20 calls, median of 5 replays.
+CUDA graph of 20 calls (5 for attention), the median replay (minite.bench.kernels.bench_graph; the
+2026-11-30 numbers in results/bench/decode_h200.md came from this script's own copy of that timer,
+the median of 5 event-timed replays).
 
     python3 scripts/gpu/decode_configs.py
 """
@@ -16,6 +18,7 @@ from dataclasses import replace
 
 import torch
 
+from minite.bench.kernels import bench_graph
 from minite.kernels.gemm import BATCH_INVARIANT_CONFIG, GemmConfig, nvfp4_matmul, split_for
 from minite.kernels.grouped_gemm import (
     GROUPED_CONFIG,
@@ -30,28 +33,10 @@ ROW = QuantSpec(scope="row")
 W16 = QuantSpec(block="16x16", scope="tensor")
 
 
-def graph_us(fn, calls: int = 20, reps: int = 5) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+def graph_us(fn, calls: int = 20) -> float:
+    """us of one fn() call, timed as `minite bench-kernels` times (bench_graph: a CUDA graph of `calls`
+    calls, the median replay)."""
+    return bench_graph(fn, [()], calls) * 1e3
 
 
 def routing(tokens: int, experts: int, top_k: int, gen: torch.Generator):
