@@ -231,7 +231,7 @@ def load_throughput(files: str | Path | list[str | Path] | None) -> dict[str, An
             for kind, rep in reports.items()
         },
         "files": [str(p) for p in paths],
-        "reports": list(reports.values()),
+        "reports": reports,  # by kind
     }
 
 
@@ -901,7 +901,7 @@ def build(
             "Learner (complete update) and rollout tokens/s per recipe; ratio to bf16 measured in the same "
             "process.",
         )
-    rollout = next((r for r in (tp or {}).get("reports", []) if r.get("kind") == "rollout"), None)
+    rollout = (tp or {}).get("reports", {}).get("rollout")
     if rollout is not None:
         add(
             "figures",

@@ -110,7 +110,12 @@ def _fake_results(root: Path) -> dict:
                 "device": device,
                 "shape": shape,
                 "recipes": {
-                    n: {"batches": {"2": {"tokens_per_s": 10.0}, "16": {"tokens_per_s": 50.0 / (i + 1)}}}
+                    n: {
+                        "batches": {
+                            "2": {"tokens_per_s": 10.0, "decode_tokens_per_s": 12.0},
+                            "16": {"tokens_per_s": 50.0 / (i + 1), "decode_tokens_per_s": 60.0 / (i + 1)},
+                        }
+                    }
                     for i, n in enumerate(names)
                 },
                 "mlflow": {"minite": {"run_id": "tprollminite".ljust(32, "0")}},
@@ -146,6 +151,9 @@ def test_figures_tables_and_report(tmp_path):
         for fmt in ("png", "pdf"):
             assert (tmp_path / "fig" / f"{name}.{fmt}").stat().st_size > 1000, name
     assert set(manifest["tables"]) >= {"main", "ablations", "throughput", "eval", "compute"}
+    # a rollout report at two batch sizes: decode tokens/s against batch, from the same file
+    assert (tmp_path / "fig" / "decode_batches.png").stat().st_size > 1000
+    assert manifest["figures"]["decode_batches"]["sources"] == [str(f) for f in res["throughput"]]
     # throughput: each recipe's ratio to bf16 from the two reports (rollout: at the largest batch)
     assert manifest["figures"]["throughput"]["sources"] == [str(f) for f in res["throughput"]]
     assert manifest["figures"]["throughput"]["mlflow_runs"] == [
