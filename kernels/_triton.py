@@ -148,6 +148,17 @@ if HAS_TRITON:
         return r.to(tl.int32, bitcast=True) & 0xF
 
     @triton.jit
+    def _bf16_bits_rne(v):
+        """float32 -> the bits of the nearest-even bfloat16, as int16 (NaN stays a quiet NaN), for a
+        kernel that stores bf16 through an int16 view. Done on the bits because Triton's interpreter
+        truncates float32 -> bfloat16 casts (the GPU's cvt.rn rounds to nearest even): this way both
+        round as torch does."""
+        b = v.to(tl.uint32, bitcast=True)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        r = tl.where(v != v, 0x7FC0, r)
+        return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+    @triton.jit
     def _max_nan(a, b):
         return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 

@@ -8,7 +8,8 @@ invariant), and both engines of the `minite` recipe, which call this kernel on C
 bits. The torch reference takes 7-8 kernels for the same row (cast, square, mean, add, rsqrt, two
 multiplies, cast); at decode each of those costs a launch slot in the CUDA graph for a few KiB of work.
 Its float32 sums run in another order than torch's reduction, so the GPU result is the reference's
-up to float32 rounding, not bit for bit; on CPU every engine runs the reference itself.
+up to float32 rounding, not bit for bit; on CPU every engine runs the reference itself. bf16 outputs are
+rounded on the bits (`_triton._bf16_bits_rne`), so the interpreter rounds as the GPU does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
 
 if HAS_TRITON:
+    from ._triton import _bf16_bits_rne
 
     @triton.jit
     def _rms_norm_fp32_kernel(
@@ -31,6 +33,7 @@ if HAS_TRITON:
         eps,
         HAS_W: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        BF16: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_D)
@@ -41,7 +44,11 @@ if HAS_TRITON:
         h = x * rstd
         if HAS_W:
             h = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * h
-        tl.store(y_ptr + row * stride_y + cols, h.to(y_ptr.dtype.element_ty), mask=mask)
+        if BF16:  # y_ptr: the bf16 output viewed as int16
+            y = _bf16_bits_rne(h)
+        else:
+            y = h.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + row * stride_y + cols, y, mask=mask)
         tl.store(rstd_ptr + row, rstd)
 
 
@@ -69,7 +76,7 @@ def rms_norm_fp32(
         _rms_norm_fp32_kernel[(rows,)](
             x2,
             weight.contiguous() if weight is not None else x2,
-            y,
+            y.view(torch.int16) if x.dtype == torch.bfloat16 else y,
             rstd,
             d,
             x2.stride(0),
@@ -77,6 +84,7 @@ def rms_norm_fp32(
             float(eps),
             HAS_W=weight is not None,
             BLOCK_D=block,
+            BF16=x.dtype == torch.bfloat16,
             num_warps=max(1, min(8, block // 256)),
         )
     return y.reshape(x.shape), rstd

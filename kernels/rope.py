@@ -18,16 +18,7 @@ import torch
 from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _bf16_bits_rne(v):
-        """float32 -> the bits of the nearest-even bfloat16, as int16 (NaN stays a quiet NaN). Done on
-        the bits because Triton's interpreter truncates float32 -> bfloat16 casts (the GPU's cvt.rn
-        rounds to nearest even): this way both give the reference's bits."""
-        b = v.to(tl.uint32, bitcast=True)
-        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-        r = tl.where(v != v, 0x7FC0, r)
-        return r.to(tl.uint16).to(tl.int16, bitcast=True)
+    from ._triton import _bf16_bits_rne
 
     @triton.jit
     def _rope_fp32_kernel(
