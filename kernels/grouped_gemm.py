@@ -33,7 +33,7 @@ from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, require_triton,
 from .gemm import GemmConfig, check_nvfp4, rows_of
 
 if HAS_TRITON:
-    from ._triton import _decode_scale, _w4a4_mainloop
+    from ._triton import _bf16_bits_rne, _decode_scale, _w4a4_mainloop
 
 # H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227 TFLOP/s, down 0.48 ms
 # (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms, 128x256x64 1.08 ms
@@ -91,6 +91,7 @@ if HAS_TRITON:
         DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        OUT_BF16: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -138,7 +139,11 @@ if HAS_TRITON:
             out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
         out = out * _decode_scale(bgs_ptr + e64 * stride_bgs_e + rn * stride_bgs_n, nmask)[None, :]
         o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        if OUT_BF16:  # out_ptr: the bf16 output viewed as int16, rounded on the bits (the interpreter
+            # truncates bf16 casts; the GPU's cvt.rn gives the same bits)
+            tl.store(o_ptrs, _bf16_bits_rne(out), mask=mmask[:, None] & nmask[None, :])
+        else:
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
     @triton.jit
     def _nvfp4_grouped_wgrad_kernel(
@@ -301,7 +306,7 @@ def nvfp4_grouped_matmul(
         bq,
         bs_,
         bgs,
-        out,
+        out.view(torch.int16) if out_dtype == torch.bfloat16 else out,
         offsets,
         n,
         k,
@@ -325,6 +330,7 @@ def nvfp4_grouped_matmul(
         DEQ=cfg.deq(),
         EVEN_K=k % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
+        OUT_BF16=out_dtype == torch.bfloat16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

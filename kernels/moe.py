@@ -30,6 +30,7 @@ from .quantize import (
     nvfp4_quantize_grouped,
     nvfp4_quantize_segments_t,
 )
+from .routing import combine_routed, route_by_expert
 
 
 def sort_by_expert(
@@ -72,10 +73,10 @@ class GroupedQuantLinearFunction(torch.autograd.Function):
         n = numerics
         qa = nvfp4_quantize_grouped(x, offsets, n.fprop_act, seed=_seed(seeds) if _sr(n.fprop_act) else None)
         qw = qweight if qweight is not None else nvfp4_quantize_batched(weight.detach(), n.fprop_weight)
-        y = nvfp4_grouped_matmul(qa, qw, offsets)
+        y = nvfp4_grouped_matmul(qa, qw, offsets, out_dtype)
         ctx.save_for_backward(x, weight, offsets)
         ctx.numerics, ctx.seeds, ctx.x_dtype = numerics, seeds, x.dtype
-        return y.to(out_dtype)
+        return y
 
     @staticmethod
     def backward(ctx, dy):  # noqa: D102
@@ -207,17 +208,16 @@ def vllm_experts_forward(
     """MiniteMoEMethod._run_experts (quantized experts, no expert map) on the grouped kernels: w13 and
     w2 stacked per expert with per-row global scales (E, N, 1). As the loop: GEMM outputs in x's dtype,
     the routing weight cast to that dtype, contributions summed in float32 in expert order, one final
-    cast to x's dtype."""
+    cast to x's dtype (minite.kernels.routing: one kernel each for the routing and the combine)."""
     import torch.nn.functional as F
 
     num_experts = w13.qdata.shape[0]
-    tok, slot, offsets = sort_by_expert(topk_ids, num_experts)
+    tok, inv, offsets = route_by_expert(topk_ids, num_experts)
     xs = x[tok]
     h = nvfp4_grouped_matmul(nvfp4_quantize_grouped(xs, offsets, act_spec), w13, offsets, out_dtype=x.dtype)
     a = F.silu(h[:, :intermediate]) * h[:, intermediate:]
     y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(a, offsets, act_spec), w2, offsets, out_dtype=x.dtype)
-    y = y * topk_weights[tok, slot, None].to(y.dtype)
-    return combine_in_expert_order(y.float(), tok, slot, topk_ids.long(), torch.float32).to(x.dtype)
+    return combine_routed(y, inv, topk_ids, topk_weights, x.dtype)
 
 
 __all__ = [

@@ -154,34 +154,30 @@ def grouped_inference_forward(
 ) -> torch.Tensor:
     """`minite.kernels.moe.quant_experts_forward` without autograd: the same kernels on the same operands
     in the same order (rows sorted stably by expert, grouped quantize + grouped GEMM per linear, the
-    combine in ascending expert order), so the same numbers. The expert offsets come from a search in
-    the sorted ids instead of a bincount (which synchronizes with the host on CUDA): nothing here waits
-    for the host, so a decode step can be captured in a CUDA graph."""
+    combine in ascending expert order), so the same numbers. At decode sizes the routing and the combine
+    are one kernel each (minite.kernels.routing) instead of ~27 small torch ops, and the GEMMs write
+    out_dtype themselves. Nothing here waits for the host (no bincount), so a decode step can be
+    captured in a CUDA graph."""
     from minite.kernels.grouped_gemm import nvfp4_grouped_matmul
-    from minite.kernels.moe import _stacked_weight, combine_in_expert_order
+    from minite.kernels.moe import _stacked_weight
     from minite.kernels.quantize import nvfp4_quantize_grouped
+    from minite.kernels.routing import combine_routed, route_by_expert
 
     n = module.numerics
     dev = hidden_states.device
     autocast = torch.is_autocast_enabled(dev.type)
     out_dtype = torch.get_autocast_dtype(dev.type) if autocast else hidden_states.dtype
-    a = top_k_index.shape[1]
-    flat = top_k_index.reshape(-1).long()
-    ids, perm = torch.sort(flat, stable=True)
-    bounds = torch.arange(module.num_experts + 1, device=dev, dtype=ids.dtype)
-    offsets = torch.searchsorted(ids, bounds, out_int32=True)  # rows of expert e: [offsets[e], offsets[e+1])
-    tok, slot = perm // a, perm % a
+    tok, inv, offsets = route_by_expert(top_k_index, module.num_experts)
     packed = module.packed_gate_up is not None
     qgu = _stacked_weight(module, "gate_up_proj", module.packed_gate_up if packed else None, n.fprop_weight)
     qdn = _stacked_weight(module, "down_proj", module.packed_down if packed else None, n.fprop_weight)
     with torch.autocast(dev.type, enabled=False):
         x = hidden_states[tok]
-        h = nvfp4_grouped_matmul(nvfp4_quantize_grouped(x, offsets, n.fprop_act), qgu, offsets).to(out_dtype)
+        h = nvfp4_grouped_matmul(nvfp4_quantize_grouped(x, offsets, n.fprop_act), qgu, offsets, out_dtype)
         gate, up = h.chunk(2, dim=-1)
         h = module.act_fn(gate) * up
-        y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(h, offsets, n.fprop_act), qdn, offsets).to(out_dtype)
-    y = y * top_k_weights[tok, slot, None].to(y.dtype)
-    return combine_in_expert_order(y.float(), tok, slot, top_k_index, torch.float32).to(hidden_states.dtype)
+        y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(h, offsets, n.fprop_act), qdn, offsets, out_dtype)
+    return combine_routed(y, inv, top_k_index, top_k_weights, hidden_states.dtype)
 
 
 class GroupedExperts(nn.Module):
