@@ -88,6 +88,14 @@ def check_device(what: str, *tensors) -> None:
 POISON: int | None = None
 
 
+def out_arg(out: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A kernel's output argument: bf16 as an int16 view (stored through `_store_out` with BF16_BITS),
+    anything else as is; and whether it is that view."""
+    if out.dtype == torch.bfloat16:
+        return out.view(torch.int16), True
+    return out, False
+
+
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """torch.empty for kernel outputs (poisoned under tests, see POISON)."""
     t = torch.empty(shape, dtype=dtype, device=device)
@@ -157,6 +165,15 @@ if HAS_TRITON:
         r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
         r = tl.where(v != v, 0x7FC0, r)
         return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+    @triton.jit
+    def _store_out(ptrs, v, mask, BF16_BITS: tl.constexpr):
+        """Store float32 `v` in the output's dtype. BF16_BITS: the output is bf16 viewed as int16
+        (`out_arg`), rounded by `_bf16_bits_rne`, so the interpreter rounds as the GPU does."""
+        if BF16_BITS:
+            tl.store(ptrs, _bf16_bits_rne(v), mask=mask)
+        else:
+            tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _max_nan(a, b):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import ACC_SHIFT, HAS_TRITON, empty, interpret_mode, tl, triton
+from ._triton import ACC_SHIFT, HAS_TRITON, empty, interpret_mode, out_arg, tl, triton
 
 if HAS_TRITON:
     from ._triton import (
@@ -48,6 +48,7 @@ if HAS_TRITON:
         _decode_scale,
         _dequant_half,
         _e4m3_to_f16_x32,
+        _store_out,
     )
 
 DECODE_MAX_M = 16  # rows handled by the decode kernel (one MMA row tile)
@@ -249,6 +250,7 @@ if HAS_TRITON:
         B_GS_ROW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         ACC_SHIFT: tl.constexpr,
+        OUT_BF16: tl.constexpr,
     ):
         out = acc * ACC_SHIFT
         if A_GS_ROW:
@@ -262,7 +264,7 @@ if HAS_TRITON:
         if HAS_BIAS:
             out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
 
     @triton.jit
     def _nvfp4_decode_kernel(
@@ -298,6 +300,7 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         SPLIT_K: tl.constexpr,
+        OUT_BF16: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -344,6 +347,7 @@ if HAS_TRITON:
                 B_GS_ROW,
                 HAS_BIAS,
                 ACC_SHIFT,
+                OUT_BF16,
             )
         else:
             offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
@@ -370,6 +374,7 @@ if HAS_TRITON:
                     B_GS_ROW,
                     HAS_BIAS,
                     ACC_SHIFT,
+                    OUT_BF16,
                 )
                 tl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
@@ -397,7 +402,7 @@ def decode_matmul(
         bs_,
         bgs,
         bias if bias is not None else ags,
-        out,
+        out_arg(out)[0],
         ws,
         lock,
         m,
@@ -422,6 +427,7 @@ def decode_matmul(
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
+        OUT_BF16=out.dtype == torch.bfloat16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

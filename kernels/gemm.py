@@ -47,11 +47,21 @@ import torch
 from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
+from ._triton import (
+    ACC_SHIFT,
+    HAS_TRITON,
+    check_device,
+    empty,
+    interpret_mode,
+    out_arg,
+    require_triton,
+    tl,
+    triton,
+)
 from .decode import DECODE_MAX_M, DecodeConfig, decode_matmul
 
 if HAS_TRITON:
-    from ._triton import _decode_scale, _dequant_pair, _e4m3_to_f16_x32, _w4a4_mainloop
+    from ._triton import _decode_scale, _dequant_pair, _e4m3_to_f16_x32, _store_out, _w4a4_mainloop
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,7 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         SPLIT_K: tl.constexpr,
+        OUT_BF16: tl.constexpr,
     ):
         # grouped program order (Triton tutorial 03): GROUP_M row tiles share their B tiles in L2
         pid = tl.program_id(0)
@@ -239,7 +250,7 @@ if HAS_TRITON:
             if HAS_BIAS:
                 out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
             o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+            _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
 
     @triton.jit
     def _nvfp4_gemm_swapped_kernel(
@@ -314,6 +325,7 @@ if HAS_TRITON:
         ACC_SHIFT: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        OUT_BF16: tl.constexpr,
     ):
         """out = ((sum_s ws[s]) · ACC_SHIFT · s_dec_a · s_dec_b) (+ bias), the partials added in the
         fixed order s = 0, 1, ... (deterministic, and the same whatever M is)."""
@@ -338,7 +350,7 @@ if HAS_TRITON:
         if HAS_BIAS:
             out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+        _store_out(o_ptrs, out, mask, OUT_BF16)
 
     @triton.jit
     def _dequant_f16_kernel(
@@ -409,6 +421,7 @@ def rows_of(t: NVFP4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torc
 def _launch_epilogue(ws, splits, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
     bm, bn = 32, 128
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    out, out_bf16 = out_arg(out)
     _gemm_epilogue_kernel[grid](
         ws,
         ags,
@@ -425,6 +438,7 @@ def _launch_epilogue(ws, splits, ags, a_row, bgs, b_row, bias, out, m, n) -> Non
         ACC_SHIFT=ACC_SHIFT,
         BLOCK_M=bm,
         BLOCK_N=bn,
+        OUT_BF16=out_bf16,
         num_warps=4,
     )
 
@@ -567,7 +581,7 @@ def nvfp4_matmul(
         bs_,
         bgs,
         bias if bias is not None else ags,
-        out,
+        out_arg(out)[0],
         ws,
         m,
         n,
@@ -591,6 +605,7 @@ def nvfp4_matmul(
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
+        OUT_BF16=out.dtype == torch.bfloat16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 
 ROUTE_MAX_PAIRS = 4096  # one program sorts this many (token, slot) pairs; more go to torch's sort
 
 if HAS_TRITON:
-    from ._triton import _bf16_bits_rne
+    from ._triton import _bf16_bits_rne, _store_out
 
     @triton.jit
     def _route_kernel(
@@ -95,10 +95,7 @@ if HAS_TRITON:
                 acc += _bf16_round(yr.to(tl.float32) * _bf16_round(wr))
             else:
                 acc += yr.to(tl.float32) * wr
-        if OUT_BF16:
-            tl.store(out_ptr + t * stride_o + cols, _bf16_bits_rne(acc), mask=cm)
-        else:
-            tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=cm)
+        _store_out(out_ptr + t * stride_o + cols, acc, cm, OUT_BF16)
 
 
 def route_by_expert(
@@ -175,13 +172,13 @@ def combine_routed(
         return out
     y = y if y.stride(-1) == 1 else y.contiguous()
     block_d = min(512, triton.next_power_of_2(d))
-    out_bf16 = out_dtype == torch.bfloat16
+    out_view, out_bf16 = out_arg(out)
     _combine_kernel[(t, triton.cdiv(d, block_d))](
         y,
         top_k_index.contiguous(),
         top_k_weights.contiguous(),
         inv.contiguous(),
-        out.view(torch.int16) if out_bf16 else out,
+        out_view,
         d,
         y.stride(0),
         out.stride(0),

@@ -42,9 +42,14 @@ class StaticKVCache(Cache):
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.write_pos = torch.zeros((), dtype=torch.long, device=device)
         self.seen = 0
+        self._idx: torch.Tensor | None = None
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        idx = self.write_pos + torch.arange(key_states.shape[-2], device=key_states.device)
+        # the slots of this step, computed by the first layer and reused by the others (two launches a
+        # layer fewer; layer 0 runs first in every step, eager or captured)
+        if layer_idx == 0 or self._idx is None or self._idx.numel() != key_states.shape[-2]:
+            self._idx = self.write_pos + torch.arange(key_states.shape[-2], device=key_states.device)
+        idx = self._idx
         self.k[layer_idx].index_copy_(2, idx, key_states)
         self.v[layer_idx].index_copy_(2, idx, value_states)
         return self.k[layer_idx], self.v[layer_idx]

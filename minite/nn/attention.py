@@ -87,6 +87,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minite.nn.linear import shared_input_projections
 from minite.numerics import dispatch
 from minite.recipes import AttentionCore, RopeArithmetic
 
@@ -291,9 +292,10 @@ class AlignedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q = self.q_norm(self.q_proj(hidden_states).view(hidden_shape))  # (B, L, Hq, d)
-        k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))  # (B, L, Hkv, d)
-        v = self.v_proj(hidden_states).view(hidden_shape)
+        q, k, v = shared_input_projections(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_norm(q.view(hidden_shape))  # (B, L, Hq, d)
+        k = self.k_norm(k.view(hidden_shape))  # (B, L, Hkv, d)
+        v = v.view(hidden_shape)
 
         if self.rope == "fp32":
             pos = kwargs.get("position_ids")

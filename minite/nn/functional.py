@@ -261,26 +261,29 @@ def qmm(
     name: str = "gemm",
     a_token_rows: bool = False,
     gemm: str = "fused",
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """a (M, K) @ b (N, K)ᵀ -> (M, N) float32, each operand quantized along K per its spec.
+    """a (M, K) @ b (N, K)ᵀ -> (M, N) in out_dtype (the float32 result, rounded once), each operand
+    quantized along K per its spec.
 
     `a_token_rows`: a's rows are tokens (fprop x, dgrad dy), see `amax_sync`. `gemm`: the execution
-    path on CUDA (module docstring)."""
+    path on CUDA (module docstring). The fused kernels round to out_dtype in their epilogue (one launch
+    fewer than a separate cast, the same bits)."""
     if qa is None:
         qa = _q(a, spec_a, seeds, f"{name}.a", token_rows=a_token_rows, gemm=gemm)
     if a.shape[0] == 0:  # no tokens on this rank (an expert under amax_sync): nothing to multiply
-        return torch.zeros((0, b.shape[0]), dtype=torch.float32, device=a.device)
+        return torch.zeros((0, b.shape[0]), dtype=out_dtype, device=a.device)
     qb = qb if qb is not None else _q(b, spec_b, seeds, f"{name}.b", gemm=gemm)
     if qa is not None and qb is not None:
         path = gemm_path(gemm, qa.qdata, qb.qdata)
         if path == "emulated":
-            return emulated_matmul(qa, qb)
+            return emulated_matmul(qa, qb).to(out_dtype)
         if path == "fused" and dispatch.use_kernels(qa.qdata, qb.qdata):
-            return dispatch.matmul(qa, qb)
-        return nvfp4_matmul_ref(qa, qb)
+            return dispatch.matmul(qa, qb, out_dtype)
+        return nvfp4_matmul_ref(qa, qb, out_dtype=out_dtype)
     a_hp = dequantize(qa) if qa is not None else a.float()
     b_hp = dequantize(qb) if qb is not None else b.float()
-    return a_hp @ b_hp.T
+    return (a_hp @ b_hp.T).to(out_dtype)
 
 
 def _pad_rows(x: torch.Tensor, multiple: int = BLOCK) -> torch.Tensor:
@@ -304,13 +307,14 @@ class QuantLinearFunction(torch.autograd.Function):
             name=f"{name}.fprop",
             a_token_rows=True,
             gemm=numerics.gemm,
+            out_dtype=out_dtype if bias is None else torch.float32,
         )
         if bias is not None:
-            y = y + bias.float()
+            y = (y + bias.float()).to(out_dtype)
         ctx.save_for_backward(x2, weight)
         ctx.numerics, ctx.seeds, ctx.name = numerics, seeds, name
         ctx.has_bias, ctx.x_dtype, ctx.lead = bias is not None, x.dtype, lead
-        return y.to(out_dtype).reshape(*lead, weight.shape[0])
+        return y.reshape(*lead, weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):  # noqa: D102

@@ -10,11 +10,12 @@ Two modes:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from minite.nn.functional import LinearNumerics, SeedSource, quant_linear, quantize_operand
+from minite.nn.functional import LinearNumerics, SeedSource, _q, qmm, quant_linear, quantize_operand
 from minite.numerics import NVFP4Tensor
 
 
@@ -114,3 +115,46 @@ class QuantLinear(nn.Linear):
         wdesc = w and (w.block, w.scope, w.flavor)
         adesc = a and (a.block, a.scope, a.flavor)
         return f"{super().extra_repr()}, W={wdesc}, X={adesc}, {mode}"
+
+
+def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """[linear(x) for linear in linears], quantizing x once when each linear would quantize it the same.
+
+    q_proj, k_proj and v_proj read the same hidden states under the same activation spec: quantizing
+    them three times writes the same bytes three times (at decode, two ~2.5 us launches a layer more).
+    Shared when every linear is a QuantLinear with the same numerics, round-to-nearest activations, no
+    bias, and nothing needs a gradient (the sampler); otherwise each linear runs as usual. Each GEMM
+    then gets exactly the operands and the call QuantLinearFunction would give it: the same bits."""
+    first = linears[0]
+    n = getattr(first, "numerics", None)
+    grad = torch.is_grad_enabled() and (x.requires_grad or any(lin.weight.requires_grad for lin in linears))
+    shareable = (
+        all(isinstance(lin, QuantLinear) and lin.numerics == n and lin.bias is None for lin in linears)
+        and n.quantized
+        and n.fprop_act is not None
+        and n.fprop_act.rounding != "stochastic"
+        and not grad
+    )
+    if not shareable:
+        return [lin(x) for lin in linears]
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    x2 = x.reshape(-1, x.shape[-1])
+    with torch.autocast(dev, enabled=False):
+        qa = _q(x2, n.fprop_act, first.seeds, f"{first.qname}.fprop.a", token_rows=True, gemm=n.gemm)
+        return [
+            qmm(
+                x2,
+                lin.weight,
+                n.fprop_act,
+                n.fprop_weight,
+                lin.seeds,
+                qa=qa,
+                qb=lin.quantized_weight(),
+                name=f"{lin.qname}.fprop",
+                a_token_rows=True,
+                gemm=n.gemm,
+                out_dtype=out_dtype,
+            ).reshape(*x.shape[:-1], -1)
+            for lin in linears
+        ]

@@ -136,3 +136,34 @@ def test_qmm_mixed_precision_operand():
     b = torch.randn(7, 32)
     out = qmm(a, b, None, QuantSpec())
     torch.testing.assert_close(out, a @ dequantize(quantize(b, QuantSpec())).T)
+
+
+@pytest.mark.parametrize("numerics", [TE, ALIGNED], ids=["te", "aligned"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_shared_input_projections_quantize_once_same_bits(numerics, dtype, monkeypatch):
+    """q/k/v from one quantization of x equal each linear's own forward bit for bit; under autograd
+    (or for layers that cannot share) each linear runs itself."""
+    import minite.nn.functional as functional
+    from minite.nn.linear import shared_input_projections
+
+    layers = [_layer(numerics, k=48, n=n, seed=n)[1].to(dtype) for n in (32, 16, 16)]
+    x = torch.randn(2, 5, 48, generator=torch.Generator().manual_seed(3)).to(dtype)
+    with torch.no_grad():
+        want = [lin(x) for lin in layers]
+        calls = []
+        real = functional.quantize_operand
+        monkeypatch.setattr(
+            functional, "quantize_operand", lambda t, *a, **k: calls.append(t) or real(t, *a, **k)
+        )
+        got = shared_input_projections(x, layers)
+    assert sum(c.shape == (10, 48) for c in calls) == 1  # x once (the weights come from their caches)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype and g.shape == w.shape and torch.equal(g, w)
+    xg = x.clone().requires_grad_()
+    outs = shared_input_projections(xg, layers)
+    assert all(o.grad_fn is not None for o in outs)
+    sum(o.float().sum() for o in outs).backward()
+    assert xg.grad is not None
+    mixed = [layers[0], nn.Linear(48, 8).to(dtype)]
+    with torch.no_grad():
+        assert torch.equal(shared_input_projections(x, mixed)[1], mixed[1](x))
