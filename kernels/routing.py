@@ -15,7 +15,8 @@ each 1-3 us inside a CUDA graph. Here:
   ascending id order of round(y[row] * round(w)), in float32 from 0, then one rounding to out_dtype:
   the additions, in the order, of `combine_in_expert_order(y * w[tok, slot].to(y.dtype), ...)`, the
   reference below. bf16 roundings go through the bits (`_bf16_bits_rne`), so the interpreter rounds as
-  the GPU does.
+  the GPU does. For bf16 y (the sampler's); float32 y takes the reference, since a GPU compiler would
+  contract y * w into the float32 sum (one FMA rounding instead of two).
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ if HAS_TRITON:
         A: tl.constexpr,
         A_POW2: tl.constexpr,
         BLOCK_D: tl.constexpr,
-        Y_BF16: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
@@ -91,10 +91,9 @@ if HAS_TRITON:
             pick = (rank == r) & sm
             yr = tl.load(y_ptr + tl.sum(tl.where(pick, row, 0)) * stride_y + cols, mask=cm, other=0.0)
             wr = tl.sum(tl.where(pick, w, 0.0))
-            if Y_BF16:  # y * w.to(bf16) is a bf16 op: the exact float32 product, rounded once
-                acc += _bf16_round(yr.to(tl.float32) * _bf16_round(wr))
-            else:
-                acc += yr.to(tl.float32) * wr
+            # y * w.to(bf16) is a bf16 op: the float32 product (exact) rounded once; the rounding on the
+            # bits also keeps the compiler from fusing the product into the add (an FMA would round once)
+            acc += _bf16_round(yr.to(tl.float32) * _bf16_round(wr))
         _store_out(out_ptr + t * stride_o + cols, acc, cm, OUT_BF16)
 
 
@@ -157,15 +156,16 @@ def combine_routed(
     """out (T, D) in out_dtype from the expert outputs y (T*A, D) in expert order: module docstring."""
     t, a = top_k_index.shape
     d = y.shape[-1]
-    supported = y.dtype in (torch.bfloat16, torch.float32) and out_dtype in (torch.bfloat16, torch.float32)
-    if not supported or not y.is_cuda and not _interpreting():
-        return combine_routed_ref(y, inv, top_k_index, top_k_weights, out_dtype)
-    require_triton("combine_routed")
     if y.shape[0] != t * a or inv.numel() != t * a or top_k_weights.shape != top_k_index.shape:
         raise ValueError(
             f"combine_routed: y {tuple(y.shape)}, inv {tuple(inv.shape)}, top_k_weights "
             f"{tuple(top_k_weights.shape)} do not match top_k_index {tuple(top_k_index.shape)}"
         )
+    # bf16 expert outputs (the sampler's): with float32 ones the GPU would fuse y * w into the sum (FMA)
+    supported = y.dtype == torch.bfloat16 and out_dtype in (torch.bfloat16, torch.float32)
+    if not supported or not y.is_cuda and not _interpreting():
+        return combine_routed_ref(y, inv, top_k_index, top_k_weights, out_dtype)
+    require_triton("combine_routed")
     check_device("combine_routed", y, inv, top_k_index, top_k_weights)
     out = empty((t, d), out_dtype, y.device)
     if t == 0 or d == 0:
@@ -185,7 +185,6 @@ def combine_routed(
         A=a,
         A_POW2=triton.next_power_of_2(a),
         BLOCK_D=block_d,
-        Y_BF16=y.dtype == torch.bfloat16,
         OUT_BF16=out_bf16,
         num_warps=4,
     )
