@@ -10,6 +10,9 @@
     moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
     norm.py          fp32 RMSNorm in one pass, batch invariant    <- minite.nn.norm.rms_norm_fp32_ref
     rope.py          fp32 RoPE in one pass, the same bits         <- minite.nn.attention.apply_rope_fp32_ref
+    attention.py     float64 attention core for decode, one kernel <- minite.nn.attention.attention_fp64
+    routing.py       MoE routing (expert sort) and the ordered combine at decode sizes, one kernel each
+                                                                  <- route_by_expert_ref, combine_routed_ref
 
 This folder is installed as the package `minite.kernels` (never import it as top-level `kernels`).
 Callers normally go through minite.numerics.dispatch (`use_kernels`, `quantize`, `matmul`), which

@@ -47,7 +47,7 @@ def routing(tokens: int, experts: int, top_k: int, gen: torch.Generator):
     return offsets, perm // top_k
 
 
-def grouped(gen: torch.Generator) -> None:
+def grouped(gen: torch.Generator, token_counts=(1, 16, 64, 256, 512, 1024), wide: bool = False) -> None:
     e, top = 128, 8
     cands = {
         "large 128x256 w8 s3 (GROUPED_CONFIG)": GROUPED_CONFIG,
@@ -56,6 +56,16 @@ def grouped(gen: torch.Generator) -> None:
         "16x128 w4 s4 (GROUPED_FEW_ROWS_FAST_CONFIG, mma.sync)": GROUPED_FEW_ROWS_FAST_CONFIG,
         "16x64 w4 s4 (mma.sync)": GemmConfig(16, 64, 128, num_warps=4, num_stages=4),
     }
+    if wide:  # more wgmma tiles for the batch-invariant few-row case (any wgmma tile keeps the bits)
+        cands.update(
+            {
+                "64x256 w8 s3 (wgmma)": GemmConfig(64, 256, 128, num_warps=8, num_stages=3),
+                "64x128 w4 s3 (wgmma)": GemmConfig(64, 128, 128, num_warps=4, num_stages=3),
+                "64x128 w4 s6 (wgmma)": GemmConfig(64, 128, 128, num_warps=4, num_stages=6),
+                "64x128 w8 s4 (wgmma)": GemmConfig(64, 128, 128, num_warps=8, num_stages=4),
+                "64x64 w4 s6 (wgmma)": GemmConfig(64, 64, 128, num_warps=4, num_stages=6),
+            }
+        )
     print("\n## grouped W4A4 (activation pre-quantized), us a call (x: bf16 time / ours); DIFF: bits differ")
     print("from the large config on these randn inputs (see tile_bits.py for inputs with spread magnitudes)")
     print("| linear | tokens | rows | bf16 _grouped_mm | " + " | ".join(cands) + " |")
@@ -63,7 +73,7 @@ def grouped(gen: torch.Generator) -> None:
         w = torch.randn(e, n, k, generator=gen).cuda().bfloat16() * 0.02
         qw = nvfp4_quantize_batched(w, W16)
         wt = w.transpose(1, 2)  # (E, K, N) for _grouped_mm
-        for tokens in (1, 16, 64, 256, 512, 1024):
+        for tokens in token_counts:
             offsets, tok = routing(tokens, e, top, gen)
             x = torch.randn(tokens, k, generator=gen).cuda().bfloat16()[tok]
             qx = nvfp4_quantize_grouped(x, offsets, ROW)
@@ -182,11 +192,12 @@ def norm() -> None:
 
 
 def attention() -> None:
+    from minite.kernels.attention import attention_fp64_decode
     from minite.nn.attention import attention_fp64
 
     print("\n## float64 attention core, decode (one query, 256 cache slots), us")
-    print("| batch | repeat_interleave (previous) | grouped (shipped) | bits equal |")
-    for b in (1, 16, 64):
+    print("| batch | repeat_interleave (previous) | torch float64 ops, grouped | one kernel | bits equal |")
+    for b in (1, 16, 64, 256):
         q = torch.randn(b, 32, 1, 128, device="cuda").bfloat16()
         k = torch.randn(b, 4, 256, 128, device="cuda").bfloat16()
         v = torch.randn(b, 4, 256, 128, device="cuda").bfloat16()
@@ -195,8 +206,10 @@ def attention() -> None:
         args = (q, k, v, keep, 128**-0.5)
         old = graph_us(lambda args=args: repeat_version(*args), calls=5)
         new = graph_us(lambda args=args: attention_fp64(*args), calls=5)
-        same = torch.equal(repeat_version(*args), attention_fp64(*args))
-        print(f"| {b} | {old:.1f} | {new:.1f} | {same} |")
+        fused = graph_us(lambda args=args: attention_fp64_decode(*args), calls=5)
+        ref = attention_fp64(*args)
+        same = torch.equal(repeat_version(*args), ref) and torch.equal(attention_fp64_decode(*args), ref)
+        print(f"| {b} | {old:.1f} | {new:.1f} | {fused:.1f} | {same} |")
 
 
 def main() -> None:
@@ -204,7 +217,10 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense", "norm"])
-    only = set(p.parse_args().only or ["attention", "train", "grouped", "dense", "norm"])
+    p.add_argument("--grouped-tokens", type=int, nargs="+", default=[1, 16, 64, 256, 512, 1024])
+    p.add_argument("--wide", action="store_true", help="more wgmma tiles in the grouped sweep")
+    args = p.parse_args()
+    only = set(args.only or ["attention", "train", "grouped", "dense", "norm"])
     print(torch.cuda.get_device_name(), torch.__version__)
     gen = torch.Generator().manual_seed(0)
     if "attention" in only:
@@ -212,7 +228,7 @@ def main() -> None:
     if "train" in only:
         attention_train()
     if "grouped" in only:
-        grouped(gen)
+        grouped(gen, args.grouped_tokens, args.wide)
     if "dense" in only:
         dense(gen)
     if "norm" in only:

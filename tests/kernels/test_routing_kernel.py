@@ -98,7 +98,8 @@ def test_sampler_forward_equals_the_trainer_forward(numerics, dtype, device):
     bits of quant_experts_forward (torch routing and combine, the trainer's autograd path)."""
     g = gen(7)
     e, d, i, t, a = 4, 32, 16, 9, 2
-    mod = QuantExperts(_Experts(e, d, i, g), numerics, SeedSource(0), "experts").to(device=device, dtype=dtype)
+    mod = QuantExperts(_Experts(e, d, i, g), numerics, SeedSource(0), "experts")
+    mod = mod.to(device=device, dtype=dtype)
     h = torch.randn(t, d, generator=g).to(device=device, dtype=dtype)
     idx = _ids(t, a, e, g).to(device)
     wts = torch.rand(t, a, generator=g).to(device)

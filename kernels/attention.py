@@ -1,0 +1,286 @@
+"""The float64 attention core for decode in one kernel: the twin of minite.nn.attention.attention_fp64.
+
+Why: the reference runs ~15 torch kernels per layer and converts the whole bf16 KV cache to float64 at
+every decode step. This kernel reads the bf16 cache as it is, one program per (batch row, kv head,
+block of 8 or 16 query rows): the G query heads of a kv head share its keys, so each cached key is read
+by one program, as the reference's grouped matmul does; q·k and e·v run on the fp64 tensor cores
+(tl.dot on float64: DMMA). H200, Hq/Hkv = 32/4, d = 128, one query: 74 us against the reference's
+311 us at B = 64, S = 512; 494 against 1875 us at B = 64, S = 4096; but 369 against 272 us at B = 1,
+S = 4096, where 4 programs walk the whole cache (splitting S over programs would fix that).
+
+Arithmetic, step by step the reference's:
+
+- logits = (q·k) · scale in float64. Products of two bf16 (or fp16) numbers are exact in float64 and
+  their sum over d <= 256 is exact for any realistic exponent spread, so q·k does not depend on the
+  summation order (tl.dot, FMA or not) and the logits are the reference's bits. scale travels as the
+  bits of a double: Triton would round a python float argument to float32.
+- Two passes over the keys, not an online softmax: pass 1 takes the row max m of the visible logits
+  (0 where none is visible or it is not finite, as the reference), pass 2 takes e = exp(logit − m), so
+  every exp sees the reference's argument (no rescaling by a running max, whose products would round
+  differently). The exp is the CUDA math library's double exp (libdevice __nv_exp, what torch's CUDA
+  exp calls) on the GPU and numpy's under the interpreter (torch's CPU exp may differ from it by an
+  ulp: the same ~1e-16 class as the sums below). FMA contraction is off, so logit − m is not fused
+  with the scale product.
+- denom = Σ e and acc = Σ e·v in float64, out = acc / denom (1 where denom == 0: such a row is 0).
+  These sums are the only order-dependent steps (~1e-16 relative), so the rounded result equals the
+  reference's unless a value lies within ~1e-16 of a rounding boundary of the output dtype.
+- Rounding: torch converts double to bf16/fp16 through float (c10::BFloat16 and c10::Half are built
+  from a float), i.e. float64 -> float32 (RNE) -> 16 bits (RNE); a double rounding that differs from a
+  direct one near ties. The kernel does the same: .to(float32), then `_bf16_bits_rne` for bf16 (the
+  interpreter truncates bf16 casts) or the fp16 cast (RNE on both).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
+
+_MAX_ROWS = 64  # G * L beyond this is prefill: the reference (with autograd) is the path there
+
+if HAS_TRITON:
+    from triton.language.extra import libdevice
+
+    from ._triton import _bf16_bits_rne
+
+    @triton.jit
+    def _round_f64(x, BF16: tl.constexpr):
+        """float64 -> 16-bit output bits as torch's .to() rounds them: via float32, RNE twice."""
+        x32 = x.to(tl.float32)
+        if BF16:
+            y = _bf16_bits_rne(x32)
+        else:
+            y = x32.to(tl.float16)
+        return y
+
+    @triton.jit
+    def _round_f64_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < N, other=0.0)
+        tl.store(y_ptr + i, _round_f64(x, BF16), mask=i < N)
+
+    @triton.jit
+    def _f64(x):
+        """x as float64, passed through a reduction over a size-1 axis (exact: one element). The
+        reduction hides where x came from: Triton 3.6 derives an MMA operand's kWidth from the narrowest
+        load feeding it (bf16 k/v, the uint8 keep mask), and its fp64 MMA lowering then fails
+        ("fp64 don't support largeK MMA"); the backward search for that load stops at a reduction."""
+        return tl.max(x.to(tl.float64)[:, :, None], axis=2)
+
+    @triton.jit
+    def _logits(
+        q,
+        k_base,
+        keep_row,
+        s0,
+        S,
+        cols,
+        rmask,
+        scale,
+        sks,
+        sms,
+        HAS_KEEP: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        """(BLOCK_R, BLOCK_S) float64 logits of keys s0.., -inf where masked or past S."""
+        keys = s0 + tl.arange(0, BLOCK_S)
+        smask = keys < S
+        k = tl.load(k_base + keys[:, None] * sks + cols[None, :], mask=smask[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(_f64(k)), input_precision="ieee", out_dtype=tl.float64) * scale
+        vis = smask[None, :]
+        if HAS_KEEP:
+            kv = tl.load(keep_row[:, None] + keys[None, :] * sms, mask=rmask[:, None] & vis, other=0)
+            vis = vis & (kv != 0)
+        return tl.where(vis, qk, float("-inf")), keys, smask
+
+    @triton.jit(do_not_specialize=["scale_bits"])
+    def _attention_fp64_decode_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        keep_ptr,
+        o_ptr,
+        scale_bits,
+        S,
+        HKV,
+        sqb,
+        sqh,
+        sql,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        smb,
+        smh,
+        sml,
+        sms,
+        G: tl.constexpr,
+        L: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        HAS_KEEP: tl.constexpr,
+        BF16: tl.constexpr,
+        F64: tl.constexpr,
+        LIBDEVICE: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b = (pid // HKV).to(tl.int64)
+        kvh = (pid % HKV).to(tl.int64)
+        rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # row r = g * L + l, as the reference
+        rmask = rows < G * L
+        h = kvh * G + (rows // L).to(tl.int64)  # query head
+        l = (rows % L).to(tl.int64)  # noqa: E741
+        cols = tl.arange(0, D)
+        q_off = b * sqb + h[:, None] * sqh + l[:, None] * sql + cols[None, :]
+        q = _f64(tl.load(q_ptr + q_off, mask=rmask[:, None], other=0.0))
+        k_base = k_ptr + b * skb + kvh * skh
+        v_base = v_ptr + b * svb + kvh * svh
+        keep_row = keep_ptr + b * smb + h * smh + l * sml
+        scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True)
+
+        m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
+        for s0 in range(0, S, BLOCK_S):
+            x, _, _ = _logits(q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S)
+            m = tl.maximum(m, tl.max(x, axis=1))
+        m = tl.where(tl.abs(m) < float("inf"), m, 0.0)  # no visible key (-inf), or an inf/NaN logit
+
+        denom = tl.zeros((BLOCK_R,), tl.float64)
+        acc = tl.zeros((BLOCK_R, D), tl.float64)
+        for s0 in range(0, S, BLOCK_S):
+            x, keys, smask = _logits(
+                q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S
+            )
+            if LIBDEVICE:
+                e = libdevice.exp(x - m[:, None])
+            else:
+                e = tl.exp(x - m[:, None])
+            denom += tl.sum(e, axis=1)
+            v = tl.load(v_base + keys[:, None] * svs + cols[None, :], mask=smask[:, None], other=0.0)
+            acc = tl.dot(_f64(e), _f64(v), acc, input_precision="ieee", out_dtype=tl.float64)
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        o_off = ((b * (HKV * G) + h[:, None]) * L + l[:, None]) * D + cols[None, :]
+        if F64:  # the unrounded result, for the tests
+            tl.store(o_ptr + o_off, out, mask=rmask[:, None])
+        else:
+            tl.store(o_ptr + o_off, _round_f64(out, BF16), mask=rmask[:, None])
+
+
+def _reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None):
+    """None if the kernel takes these inputs, else (exception type, message)."""
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return TypeError, f"needs bf16/fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if keep is not None and keep.dtype != torch.bool:
+        return TypeError, f"keep must be a bool mask or None, got {keep.dtype}"
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        return ValueError, f"needs q (B, Hq, L, d), k = v (B, Hkv, S, d): {_shapes(q, k, v)}"
+    (b, hq, lq, d), (bk, hkv, s, dk) = q.shape, k.shape
+    if b != bk or d != dk or hkv == 0 or hq % hkv:
+        return ValueError, f"batch/head dims do not match (Hq a multiple of Hkv): {_shapes(q, k, v)}"
+    if d < 16 or d > 256 or d & (d - 1):
+        return ValueError, f"head dim must be a power of two in [16, 256], got {d}"
+    if hq // hkv * lq > _MAX_ROWS:
+        return ValueError, f"G * L = {hq // hkv * lq} query rows per kv head > {_MAX_ROWS} (decode only)"
+    if keep is not None:
+        try:
+            fits = keep.ndim <= 4 and torch.broadcast_shapes(keep.shape, (b, hq, lq, s)) == (b, hq, lq, s)
+        except RuntimeError:
+            fits = False
+        if not fits:
+            return ValueError, f"keep {tuple(keep.shape)} does not broadcast to {(b, hq, lq, s)}"
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, keep)):
+        return ValueError, "inputs require grad: the kernel has no backward (use attention_fp64)"
+    return None
+
+
+def _shapes(*ts: torch.Tensor) -> str:
+    return ", ".join(str(tuple(t.shape)) for t in ts)
+
+
+def attention_decode_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+) -> bool:
+    """The kernel's case (the device is the caller's check): bf16/fp16 q, k, v of one dtype, head dim a
+    power of two in [16, 256], G * L <= 64 query rows per kv head, keep None or a bool mask that
+    broadcasts to (B, Hq, L, S), and no gradient wanted."""
+    return _reason(q, k, v, keep) is None
+
+
+def attention_fp64_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """attention_fp64(q, k, v, keep, scale) in one kernel, without autograd.
+
+    q (B, Hq, L, d) (any strides); k, v (B, Hkv, S, d), query head h reading kv head h // (Hq/Hkv);
+    keep: bool broadcastable to (B, Hq, L, S) (True where a query attends) or None. Returns
+    (B, Hq, L, d) contiguous in q's dtype."""
+    return _attention_decode(q, k, v, keep, scale, q.dtype)
+
+
+def _attention_decode(q, k, v, keep, scale: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """out_dtype q.dtype, or float64 for the value before the rounding (tests)."""
+    require_triton("attention_fp64_decode")
+    why = _reason(q, k, v, keep)
+    if why is not None:
+        raise why[0](f"attention_fp64_decode: {why[1]}")
+    check_device("attention_fp64_decode", q, k, v, keep)
+    (b, hq, lq, d), (hkv, s) = q.shape, k.shape[1:3]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = empty((b, hq, lq, d), out_dtype, q.device)
+    if out.numel() == 0:
+        return out
+    # broadcast dims get stride 0; the bool bytes are read as uint8
+    km = keep.expand(b, hq, lq, s).view(torch.uint8) if keep is not None else None
+    bf16 = out_dtype == torch.bfloat16
+    groups = hq // hkv
+    # measured on an H200 (B=64, Hq/Hkv=32/4, d=128): 8-row blocks when a kv head has <= 8 query rows
+    # (the fp64 MMA takes M=8: no padding to 16), 64 keys a step, 4 warps (8 at d=256: no spills), 2 stages
+    block_r = 8 if groups * lq <= 8 else 16
+    _attention_fp64_decode_kernel[(b * hkv, triton.cdiv(groups * lq, block_r))](
+        q,
+        k,
+        v,
+        km if km is not None else q,
+        out.view(torch.int16) if bf16 else out,
+        struct.unpack("<q", struct.pack("<d", float(scale)))[0],
+        s,
+        hkv,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *(km.stride() if km is not None else (0,) * 4),
+        G=groups,
+        L=lq,
+        D=d,
+        BLOCK_R=block_r,
+        BLOCK_S=min(64, 8192 // d),
+        HAS_KEEP=keep is not None,
+        BF16=bf16,
+        F64=out_dtype == torch.float64,
+        LIBDEVICE=not interpret_mode(),
+        num_warps=8 if d >= 256 else 4,
+        num_stages=2 if d >= 128 else 3,
+        enable_fp_fusion=False,
+    )
+    return out
+
+
+def _round_f64_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's float64 -> bf16/fp16 rounding on a float64 tensor (for the tests)."""
+    require_triton("attention_fp64_decode")
+    check_device("attention_fp64_decode", x)
+    x = x.contiguous()
+    y = empty(x.shape, dtype, x.device)
+    bf16 = dtype == torch.bfloat16
+    if x.numel():
+        _round_f64_kernel[(triton.cdiv(x.numel(), 256),)](
+            x, y.view(torch.int16) if bf16 else y, x.numel(), BLOCK=256, BF16=bf16
+        )
+    return y
+
+
+__all__ = ["attention_decode_supported", "attention_fp64_decode"]
