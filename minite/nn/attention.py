@@ -203,6 +203,13 @@ def attention_fp64(
         from minite.kernels.attention import attention_fp64_decode
 
         return attention_fp64_decode(q, k, v, keep, scale)
+    return attention_fp64_ref(q, k, v, keep, scale)
+
+
+def attention_fp64_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """`attention_fp64` in torch ops (any device, differentiable)."""
     b, hq, lq, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     groups = hq // hkv

@@ -193,7 +193,7 @@ def norm() -> None:
 
 def attention() -> None:
     from minite.kernels.attention import attention_fp64_decode
-    from minite.nn.attention import attention_fp64
+    from minite.nn.attention import attention_fp64_ref
 
     print("\n## float64 attention core, decode (one query, 256 cache slots), us")
     print("| batch | repeat_interleave (previous) | torch float64 ops, grouped | one kernel | bits equal |")
@@ -205,9 +205,9 @@ def attention() -> None:
         keep[..., :190] = True
         args = (q, k, v, keep, 128**-0.5)
         old = graph_us(lambda args=args: repeat_version(*args), calls=5)
-        new = graph_us(lambda args=args: attention_fp64(*args), calls=5)
+        new = graph_us(lambda args=args: attention_fp64_ref(*args), calls=5)
         fused = graph_us(lambda args=args: attention_fp64_decode(*args), calls=5)
-        ref = attention_fp64(*args)
+        ref = attention_fp64_ref(*args)
         same = torch.equal(repeat_version(*args), ref) and torch.equal(attention_fp64_decode(*args), ref)
         print(f"| {b} | {old:.1f} | {new:.1f} | {fused:.1f} | {same} |")
 
