@@ -346,16 +346,6 @@ if HAS_TRITON:
         return lo, hi
 
     @triton.jit
-    def _load_a16(a_q, k0, k_hi, HALF_K_A, HK: tl.constexpr, EVEN_K: tl.constexpr):
-        """The (low, high) nibble tiles of A for the K step at k0 from its float16 rows (A16 below)."""
-        if EVEN_K:
-            return tl.load(a_q + k0 // 2), tl.load(a_q + HALF_K_A + k0 // 2)
-        qk = ((k0 // 2 + tl.arange(0, HK)) < k_hi // 2)[None, :]
-        return tl.load(a_q + k0 // 2, mask=qk, other=0.0), tl.load(
-            a_q + HALF_K_A + k0 // 2, mask=qk, other=0.0
-        )
-
-    @triton.jit
     def _w4a4_mainloop_exact(
         a_q,
         a_s,
@@ -369,8 +359,6 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         ASM: tl.constexpr,
         NUM_STAGES: tl.constexpr,
-        A16: tl.constexpr = False,
-        HALF_K_A=0,
     ):
         HK: tl.constexpr = BLOCK_K // 2
         SK: tl.constexpr = BLOCK_K // 16
@@ -379,23 +367,18 @@ if HAS_TRITON:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN_K:
+                ap = tl.load(a_q + k0 // 2)
+                asb = tl.load(a_s + k0 // 16)
                 bp = tl.load(b_q + k0 // 2)
                 bsb = tl.load(b_s + k0 // 16)
             else:
                 qk = ((k0 // 2 + kb) < k_hi // 2)[None, :]
                 sk = ((k0 // 16 + ks) < k_hi // 16)[None, :]
+                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
+                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
                 bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
                 bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
-            if A16:
-                a_lo, a_hi = _load_a16(a_q, k0, k_hi, HALF_K_A, HK, EVEN_K)
-            else:
-                if EVEN_K:
-                    ap = tl.load(a_q + k0 // 2)
-                    asb = tl.load(a_s + k0 // 16)
-                else:
-                    ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
-                    asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
-                a_lo, a_hi = _dequant_pair(ap, _e4m3_to_f16_x32(asb), BLOCK_M, HK, ASM)
+            a_lo, a_hi = _dequant_pair(ap, _e4m3_to_f16_x32(asb), BLOCK_M, HK, ASM)
             b_lo, b_hi = _dequant_pair(bp, _e4m3_to_f16_x32(bsb), BLOCK_N, HK, ASM)
             acc = tl.dot(a_lo, tl.trans(b_lo), acc)
             acc = tl.dot(a_hi, tl.trans(b_hi), acc)
@@ -415,8 +398,6 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         CVT: tl.constexpr,
-        A16: tl.constexpr = False,
-        HALF_K_A=0,
     ):
         """_w4a4_mainloop_exact with the byte-scale decoder; also returns the largest scale byte read
         (0 with CVT, which needs no check)."""
@@ -429,27 +410,21 @@ if HAS_TRITON:
         amax_b = tl.zeros((BLOCK_N, SK), dtype=tl.uint8)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN_K:
+                ap = tl.load(a_q + k0 // 2)
+                asb = tl.load(a_s + k0 // 16)
                 bp = tl.load(b_q + k0 // 2)
                 bsb = tl.load(b_s + k0 // 16)
             else:
                 qk = ((k0 // 2 + kb) < k_hi // 2)[None, :]
                 sk = ((k0 // 16 + ks) < k_hi // 16)[None, :]
+                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
+                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
                 bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
                 bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
             if not CVT:
+                amax_a = tl.maximum(amax_a, asb)
                 amax_b = tl.maximum(amax_b, bsb)
-            if A16:
-                a_lo, a_hi = _load_a16(a_q, k0, k_hi, HALF_K_A, HK, EVEN_K)
-            else:
-                if EVEN_K:
-                    ap = tl.load(a_q + k0 // 2)
-                    asb = tl.load(a_s + k0 // 16)
-                else:
-                    ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
-                    asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
-                if not CVT:
-                    amax_a = tl.maximum(amax_a, asb)
-                a_lo, a_hi = _dequant_pair_bytes(ap, asb, BLOCK_M, HK, CVT)
+            a_lo, a_hi = _dequant_pair_bytes(ap, asb, BLOCK_M, HK, CVT)
             b_lo, b_hi = _dequant_pair_bytes(bp, bsb, BLOCK_N, HK, CVT)
             acc = tl.dot(a_lo, tl.trans(b_lo), acc)
             acc = tl.dot(a_hi, tl.trans(b_hi), acc)
@@ -470,8 +445,6 @@ if HAS_TRITON:
         ASM: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         DEQ: tl.constexpr,
-        A16: tl.constexpr = False,
-        HALF_K_A=0,
     ):
         """sum over k in [k_lo, k_hi) (multiples of 16) of A[:, k] B[:, k], float32, times 2^-18.
 
@@ -484,61 +457,18 @@ if HAS_TRITON:
         DEQ (GPU, with ASM; 0 elsewhere): 0 the exact decoder with float16 scale registers; 1 the
         byte-scale decoder with shifts, and if any scale byte read was NaN or negative (>= 0x7F) the
         tile is recomputed with the exact decoder, so the result is the same; 2 the byte-scale
-        decoder with cvt.rn.f16x2.e4m3x2 (exact for every byte).
-
-        A16: A arrives already decoded (`dequantize_f16`'s exact float16 rows, low nibbles in the first
-        half, high in the second, HALF_K_A = K / 2 apart): a_q points at its float16 rows, a_s is not
-        read. The MMA sees the very same A values, so the same bits, without decoding A per N tile."""
+        decoder with cvt.rn.f16x2.e4m3x2 (exact for every byte)."""
         if DEQ != 0 and ASM:
             acc, smax = _w4a4_mainloop_fast(
-                a_q,
-                a_s,
-                b_q,
-                b_s,
-                k_lo,
-                k_hi,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                EVEN_K,
-                NUM_STAGES,
-                DEQ == 2,
-                A16,
-                HALF_K_A,
+                a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, NUM_STAGES, DEQ == 2
             )
             if smax >= 127:
                 acc = _w4a4_mainloop_exact(
-                    a_q,
-                    a_s,
-                    b_q,
-                    b_s,
-                    k_lo,
-                    k_hi,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                    EVEN_K,
-                    ASM,
-                    NUM_STAGES,
-                    A16,
-                    HALF_K_A,
+                    a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES
                 )
         else:
             acc = _w4a4_mainloop_exact(
-                a_q,
-                a_s,
-                b_q,
-                b_s,
-                k_lo,
-                k_hi,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                EVEN_K,
-                ASM,
-                NUM_STAGES,
-                A16,
-                HALF_K_A,
+                a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES
             )
         return acc
 

@@ -30,7 +30,7 @@ import torch
 from minite.numerics.nvfp4 import NVFP4Tensor
 
 from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
-from .gemm import GemmConfig, check_nvfp4, dequantize_f16, rows_of
+from .gemm import GemmConfig, check_nvfp4, rows_of
 
 if HAS_TRITON:
     from ._triton import _decode_scale, _store_out, _w4a4_mainloop
@@ -92,7 +92,6 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         OUT_BF16: tl.constexpr,
-        A16: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -132,8 +131,6 @@ if HAS_TRITON:
             DEQUANT_ASM,
             NUM_STAGES,
             DEQ,
-            A16,
-            K // 2,
         )
         out = acc * ACC_SHIFT
         if A_GS_ROW:
@@ -259,14 +256,8 @@ def nvfp4_grouped_matmul(
     *,
     config: GemmConfig | None = None,
     batch_invariant: bool | None = None,
-    predecode_a: bool = False,
 ) -> torch.Tensor:
     """A (T, K) rows sorted by expert @ B_e (N, K)ᵀ per expert -> (T, N).
-
-    predecode_a: decode A once to exact float16 (`dequantize_f16`, one launch) and let the GEMM read
-    that instead of decoding A's tile again in every N tile. The MMA gets the same values, so the bits
-    do not change; what it saves is decode work, most where few rows per expert fill a 64-row tile
-    (decode) and the A decode is a third of the loop's.
 
     batch_invariant (when no config is given): only tiles whose bits do not depend on T
     (`grouped_config`); None: when A has per-row scales (which make a row's quantization independent of
@@ -304,8 +295,6 @@ def nvfp4_grouped_matmul(
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))
-    if predecode_a:
-        aq = dequantize_f16(a, "nvfp4_grouped_matmul: A")  # (T, K) float16, read where aq's bytes were
     _nvfp4_grouped_gemm_kernel[grid](
         aq,
         as_,
@@ -338,7 +327,6 @@ def nvfp4_grouped_matmul(
         EVEN_K=k % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         OUT_BF16=out_dtype == torch.bfloat16,
-        A16=predecode_a,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -91,40 +91,6 @@ def grouped(gen: torch.Generator, token_counts=(1, 16, 64, 256, 512, 1024), wide
             print(f"| {name} | {tokens} | {tokens * top} | {bf16:.1f} | " + " | ".join(cells) + " |")
 
 
-def grouped_predecode(gen: torch.Generator, token_counts) -> None:
-    """The few-row batch-invariant tile with A decoded once to float16 before the GEMM (predecode_a; the
-    time includes that launch) against decoding A in every N tile; bits compared on inputs whose 16-blocks
-    spread over 10^-3..10^3 (where mma.sync tiles differ, decode_h200.md section 2)."""
-    e, top = 128, 8
-    print("\n## grouped W4A4, few-row tile 64x128 w4 s4: A decoded in the GEMM vs once before it, us a call")
-    print("| linear | tokens | rows | bf16 _grouped_mm | in-kernel A decode | predecode_a | bits equal |")
-    for name, n, k in (("gate_up", 1536, 2048), ("down", 2048, 768)):
-        w = torch.randn(e, n, k, generator=gen).cuda().bfloat16() * 0.02
-        qw = nvfp4_quantize_batched(w, W16)
-        wt = w.transpose(1, 2)
-        for tokens in token_counts:
-            offsets, tok = routing(tokens, e, top, gen)
-            spread = 10 ** (torch.rand(tokens, k // 16, 1, generator=gen) * 6 - 3)
-            x = torch.randn(tokens, k // 16, 16, generator=gen) * spread
-            x = x.reshape(tokens, k).cuda().bfloat16()[tok]
-            qx = nvfp4_quantize_grouped(x, offsets, ROW)
-            offs32 = offsets[1:].to(torch.int32)
-            bf16 = graph_us(lambda x=x, wt=wt, o=offs32: torch._grouped_mm(x, wt, offs=o))
-            cfg = GROUPED_FEW_ROWS_CONFIG
-            plain = graph_us(lambda qx=qx, qw=qw, o=offsets, c=cfg: nvfp4_grouped_matmul(qx, qw, o, config=c))
-            pre = graph_us(
-                lambda qx=qx, qw=qw, o=offsets, c=cfg: nvfp4_grouped_matmul(
-                    qx, qw, o, config=c, predecode_a=True
-                )
-            )
-            a = nvfp4_grouped_matmul(qx, qw, offsets, config=cfg)
-            b = nvfp4_grouped_matmul(qx, qw, offsets, config=cfg, predecode_a=True)
-            print(
-                f"| {name} | {tokens} | {tokens * top} | {bf16:.1f} | {plain:.1f} ({bf16 / plain:.2f}x) | "
-                f"{pre:.1f} ({bf16 / pre:.2f}x) | {torch.equal(a, b)} |"
-            )
-
-
 def dense(gen: torch.Generator) -> None:
     print("\n## dense W4A4 batch-invariant candidates (activation pre-quantized), us; DIFF: bits differ")
     print("| N x K | M | cuBLAS bf16 | shipped 64x64x128 | 64x128x128 | 64x32x128 | 16x64x128 (mma.sync) |")
@@ -250,9 +216,7 @@ def main() -> None:
     import argparse
 
     p = argparse.ArgumentParser()
-    p.add_argument(
-        "--only", nargs="+", choices=["attention", "train", "grouped", "predecode", "dense", "norm"]
-    )
+    p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense", "norm"])
     p.add_argument("--grouped-tokens", type=int, nargs="+", default=[1, 16, 64, 256, 512, 1024])
     p.add_argument("--wide", action="store_true", help="more wgmma tiles in the grouped sweep")
     args = p.parse_args()
@@ -265,8 +229,6 @@ def main() -> None:
         attention_train()
     if "grouped" in only:
         grouped(gen, args.grouped_tokens, args.wide)
-    if "predecode" in only:
-        grouped_predecode(gen, args.grouped_tokens)
     if "dense" in only:
         dense(gen)
     if "norm" in only:

@@ -72,26 +72,6 @@ def test_forward_matches_per_expert_reference(a_scope, w_scope, config, device):
         _check(out[o[e] : o[e + 1]], ref_a, ref_w)
 
 
-@pytest.mark.parametrize(
-    "config",
-    [GemmConfig(64, 64, 128, num_warps=4, num_stages=4), SMALL, None],
-    ids=["64x64x128", "16x32x32", "default"],
-)
-@pytest.mark.parametrize("k", [256, 80], ids=["even-k", "k80"])
-def test_predecoded_a_gives_the_same_bits(config, k, device):
-    """A decoded once to float16 (predecode_a) feeds the MMA the values the in-kernel decoder gives:
-    the same bits, spread magnitudes, a NaN scale byte (its row's outputs NaN either way)."""
-    g = gen(11)
-    offs, o = _offsets(COUNTS, device)
-    qa = nvfp4_quantize_grouped(blocky((o[-1], k), g, spread=3.0).to(device), offs, QuantSpec(scope="row"))
-    qa.scale.view(torch.uint8)[2, 1] = 0x7F  # NaN
-    qw = nvfp4_quantize_batched(blocky((len(COUNTS), 48, k), g).to(device), QuantSpec(block="16x16"))
-    want = nvfp4_grouped_matmul(qa, qw, offs, config=config)
-    got = nvfp4_grouped_matmul(qa, qw, offs, config=config, predecode_a=True)
-    assert torch.isnan(want[2]).all() and not torch.isnan(want[3]).any()
-    assert ((got == want) | (got.isnan() & want.isnan())).all()
-
-
 def test_bf16_output_and_all_rows_written(device):
     g = gen(2)
     offs, o = _offsets([3, 20, 0], device)
