@@ -123,8 +123,9 @@ def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> l
     q_proj, k_proj and v_proj read the same hidden states under the same activation spec: quantizing
     them three times writes the same bytes three times (at decode, two ~2.5 us launches a layer more).
     Shared when every linear is a QuantLinear with the same numerics, round-to-nearest activations, no
-    bias, and nothing needs a gradient (the sampler); otherwise each linear runs as usual. Each GEMM
-    then gets exactly the operands and the call QuantLinearFunction would give it: the same bits."""
+    bias, no forward hooks (minite.diagnostics traces each projection's output through them), and
+    nothing needs a gradient (the sampler); otherwise each linear runs as usual. Each GEMM then gets
+    exactly the operands and the call QuantLinearFunction would give it: the same bits."""
     first = linears[0]
     n = getattr(first, "numerics", None)
     grad = torch.is_grad_enabled() and (x.requires_grad or any(lin.weight.requires_grad for lin in linears))
@@ -134,6 +135,7 @@ def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> l
         and n.fprop_act is not None
         and n.fprop_act.rounding != "stochastic"
         and not grad
+        and not any(_hooked(lin) for lin in linears)
     )
     if not shareable:
         return [lin(x) for lin in linears]
@@ -158,3 +160,15 @@ def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> l
             ).reshape(*x.shape[:-1], -1)
             for lin in linears
         ]
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Forward hooks that calling the module would run (its own or global ones)."""
+    from torch.nn.modules import module as mod
+
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or mod._global_forward_hooks
+        or mod._global_forward_pre_hooks
+    )

@@ -167,3 +167,8 @@ def test_shared_input_projections_quantize_once_same_bits(numerics, dtype, monke
     mixed = [layers[0], nn.Linear(48, 8).to(dtype)]
     with torch.no_grad():
         assert torch.equal(shared_input_projections(x, mixed)[1], mixed[1](x))
+        seen = []
+        handle = layers[1].register_forward_hook(lambda m, i, o: seen.append(o))  # a tracer's hook
+        shared_input_projections(x, layers)
+        handle.remove()
+    assert len(seen) == 1 and torch.equal(seen[0], want[1])
