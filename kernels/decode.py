@@ -394,6 +394,7 @@ def decode_matmul(
     ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
     lock = _locks(aq.device, tiles) if split > 1 else out
     interp = interpret_mode()
+    out_view, out_bf16 = out_arg(out)
     _nvfp4_decode_kernel[(tiles, split)](
         aq,
         as_,
@@ -402,7 +403,7 @@ def decode_matmul(
         bs_,
         bgs,
         bias if bias is not None else ags,
-        out_arg(out)[0],
+        out_view,
         ws,
         lock,
         m,
@@ -427,7 +428,7 @@ def decode_matmul(
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
-        OUT_BF16=out.dtype == torch.bfloat16,
+        OUT_BF16=out_bf16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

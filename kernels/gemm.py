@@ -573,6 +573,7 @@ def nvfp4_matmul(
         return out.reshape(*a.shape[:-1], n)
     ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    out_view, out_bf16 = out_arg(out)
     _nvfp4_gemm_kernel[grid](
         aq,
         as_,
@@ -581,7 +582,7 @@ def nvfp4_matmul(
         bs_,
         bgs,
         bias if bias is not None else ags,
-        out_arg(out)[0],
+        out_view,
         ws,
         m,
         n,
@@ -605,7 +606,7 @@ def nvfp4_matmul(
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
-        OUT_BF16=out.dtype == torch.bfloat16,
+        OUT_BF16=out_bf16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

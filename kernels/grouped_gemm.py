@@ -295,6 +295,7 @@ def nvfp4_grouped_matmul(
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))
+    out_view, out_bf16 = out_arg(out)
     _nvfp4_grouped_gemm_kernel[grid](
         aq,
         as_,
@@ -302,7 +303,7 @@ def nvfp4_grouped_matmul(
         bq,
         bs_,
         bgs,
-        out_arg(out)[0],
+        out_view,
         offsets,
         n,
         k,
@@ -326,7 +327,7 @@ def nvfp4_grouped_matmul(
         DEQ=cfg.deq(),
         EVEN_K=k % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
-        OUT_BF16=out_dtype == torch.bfloat16,
+        OUT_BF16=out_bf16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
