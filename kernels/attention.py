@@ -36,30 +36,20 @@ import struct
 
 import torch
 
-from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 _MAX_ROWS = 64  # G * L beyond this is prefill: the reference (with autograd) is the path there
 
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
-    from ._triton import _bf16_bits_rne
-
-    @triton.jit
-    def _round_f64(x, BF16: tl.constexpr):
-        """float64 -> 16-bit output bits as torch's .to() rounds them: via float32, RNE twice."""
-        x32 = x.to(tl.float32)
-        if BF16:
-            y = _bf16_bits_rne(x32)
-        else:
-            y = x32.to(tl.float16)
-        return y
+    from ._triton import _store_out
 
     @triton.jit
     def _round_f64_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + i, mask=i < N, other=0.0)
-        tl.store(y_ptr + i, _round_f64(x, BF16), mask=i < N)
+        _store_out(y_ptr + i, x.to(tl.float32), i < N, BF16)  # as the attention kernel rounds
 
     @triton.jit
     def _f64(x):
@@ -166,8 +156,8 @@ if HAS_TRITON:
         o_off = ((b * (HKV * G) + h[:, None]) * L + l[:, None]) * D + cols[None, :]
         if F64:  # the unrounded result, for the tests
             tl.store(o_ptr + o_off, out, mask=rmask[:, None])
-        else:
-            tl.store(o_ptr + o_off, _round_f64(out, BF16), mask=rmask[:, None])
+        else:  # as torch's .to() rounds float64 to 16 bits: via float32, round to nearest even twice
+            _store_out(o_ptr + o_off, out.to(tl.float32), rmask[:, None], BF16)
 
 
 def _reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None):
@@ -235,7 +225,7 @@ def _attention_decode(q, k, v, keep, scale: float, out_dtype: torch.dtype) -> to
         return out
     # broadcast dims get stride 0; the bool bytes are read as uint8
     km = keep.expand(b, hq, lq, s).view(torch.uint8) if keep is not None else None
-    bf16 = out_dtype == torch.bfloat16
+    out_view, bf16 = out_arg(out)
     groups = hq // hkv
     # measured on an H200 (B=64, Hq/Hkv=32/4, d=128): 8-row blocks when a kv head has <= 8 query rows
     # (the fp64 MMA takes M=8: no padding to 16), 64 keys a step, 4 warps (8 at d=256: no spills), 2 stages
@@ -245,7 +235,7 @@ def _attention_decode(q, k, v, keep, scale: float, out_dtype: torch.dtype) -> to
         k,
         v,
         km if km is not None else q,
-        out.view(torch.int16) if bf16 else out,
+        out_view,
         struct.unpack("<q", struct.pack("<d", float(scale)))[0],
         s,
         hkv,
@@ -275,11 +265,9 @@ def _round_f64_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     check_device("attention_fp64_decode", x)
     x = x.contiguous()
     y = empty(x.shape, dtype, x.device)
-    bf16 = dtype == torch.bfloat16
+    y_view, bf16 = out_arg(y)
     if x.numel():
-        _round_f64_kernel[(triton.cdiv(x.numel(), 256),)](
-            x, y.view(torch.int16) if bf16 else y, x.numel(), BLOCK=256, BF16=bf16
-        )
+        _round_f64_kernel[(triton.cdiv(x.numel(), 256),)](x, y_view, x.numel(), BLOCK=256, BF16=bf16)
     return y
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _bf16_bits_rne
+    from ._triton import _store_out
 
     @triton.jit
     def _rms_norm_fp32_kernel(
@@ -44,11 +44,7 @@ if HAS_TRITON:
         h = x * rstd
         if HAS_W:
             h = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * h
-        if BF16:  # y_ptr: the bf16 output viewed as int16
-            y = _bf16_bits_rne(h)
-        else:
-            y = h.to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + row * stride_y + cols, y, mask=mask)
+        _store_out(y_ptr + row * stride_y + cols, h, mask, BF16)
         tl.store(rstd_ptr + row, rstd)
 
 
@@ -73,10 +69,11 @@ def rms_norm_fp32(
     rstd = empty((rows,), torch.float32, x.device)
     if rows and d:
         block = triton.next_power_of_2(d)
+        y_view, bf16 = out_arg(y)
         _rms_norm_fp32_kernel[(rows,)](
             x2,
             weight.contiguous() if weight is not None else x2,
-            y.view(torch.int16) if x.dtype == torch.bfloat16 else y,
+            y_view,
             rstd,
             d,
             x2.stride(0),
@@ -84,7 +81,7 @@ def rms_norm_fp32(
             float(eps),
             HAS_W=weight is not None,
             BLOCK_D=block,
-            BF16=x.dtype == torch.bfloat16,
+            BF16=bf16,
             num_warps=max(1, min(8, block // 256)),
         )
     return y.reshape(x.shape), rstd

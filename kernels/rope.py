@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _bf16_bits_rne
+    from ._triton import _store_out
 
     @triton.jit
     def _rope_fp32_kernel(
@@ -43,14 +43,8 @@ if HAS_TRITON:
         s = tl.load(sin_ptr + tok * HALF + j, mask=rmask, other=0.0).to(tl.float32)
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
-        if BF16:  # y_ptr: the bf16 output viewed as int16
-            y1 = _bf16_bits_rne(y1)
-            y2 = _bf16_bits_rne(y2)
-        else:
-            y1 = y1.to(y_ptr.dtype.element_ty)
-            y2 = y2.to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + r64 * (2 * HALF) + j, y1, mask=rmask)
-        tl.store(y_ptr + r64 * (2 * HALF) + HALF + j, y2, mask=rmask)
+        _store_out(y_ptr + r64 * (2 * HALF) + j, y1, rmask, BF16)
+        _store_out(y_ptr + r64 * (2 * HALF) + HALF + j, y2, rmask, BF16)
 
 
 def rope_supported(x: torch.Tensor, cos: torch.Tensor) -> bool:
@@ -87,12 +81,12 @@ def rope_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int)
     y = empty(x.shape, x.dtype, x.device)
     if rows:
         block_r = max(1, min(64, 4096 // d))
-        bf16 = x.dtype == torch.bfloat16
+        y_view, bf16 = out_arg(y)
         _rope_fp32_kernel[(triton.cdiv(rows, block_r),)](
             x,
             cos.contiguous(),
             sin.contiguous(),
-            y.view(torch.int16) if bf16 else y,
+            y_view,
             rows,
             heads,
             HALF=d // 2,

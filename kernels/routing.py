@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 ROUTE_MAX_PAIRS = 4096  # one program sorts this many (token, slot) pairs; more go to torch's sort
 
@@ -103,9 +103,10 @@ def route_by_expert(
     """(tok (T*A,) int64, inv (T*A,) int32, offsets (E+1,) int32) for top_k_index (T, A): module docstring."""
     t, a = top_k_index.shape
     n = t * a
+    n_pow2 = triton.next_power_of_2(max(n, 1))
     # the keys (expert << log2 N) | index must fit an int32
-    fits = n <= ROUTE_MAX_PAIRS and (num_experts + 1) * triton.next_power_of_2(max(n, 1)) < 2**31
-    if not fits or not top_k_index.is_cuda and not _interpreting():
+    fits = n <= ROUTE_MAX_PAIRS and (num_experts + 1) * n_pow2 < 2**31
+    if not fits or not top_k_index.is_cuda and not interpret_mode():
         return route_by_expert_ref(top_k_index, num_experts)
     require_triton("route_by_expert")
     check_device("route_by_expert", top_k_index)
@@ -115,7 +116,6 @@ def route_by_expert(
     offsets = empty((num_experts + 1,), torch.int32, dev)
     if n == 0:
         return tok, inv, offsets.zero_()
-    n_pow2 = triton.next_power_of_2(n)
     _route_kernel[(1,)](
         top_k_index.contiguous(),
         tok,
@@ -163,7 +163,7 @@ def combine_routed(
         )
     # bf16 expert outputs (the sampler's): with float32 ones the GPU would fuse y * w into the sum (FMA)
     supported = y.dtype == torch.bfloat16 and out_dtype in (torch.bfloat16, torch.float32)
-    if not supported or not y.is_cuda and not _interpreting():
+    if not supported or not y.is_cuda and not interpret_mode():
         return combine_routed_ref(y, inv, top_k_index, top_k_weights, out_dtype)
     require_triton("combine_routed")
     check_device("combine_routed", y, inv, top_k_index, top_k_weights)
@@ -207,12 +207,6 @@ def combine_routed_ref(
     tok, slot = perm // a, perm % a
     y = y * top_k_weights[tok, slot, None].to(y.dtype)
     return combine_in_expert_order(y.float(), tok, slot, top_k_index, torch.float32).to(out_dtype)
-
-
-def _interpreting() -> bool:
-    from ._triton import interpret_mode
-
-    return interpret_mode()
 
 
 __all__ = [
