@@ -17,10 +17,11 @@ The forward grid is an upper bound, min(cdiv(T, BLOCK_M) + E, T) row tiles: prog
 by counting the experts whose tiles end at or before p (each program derives the tiles from the
 offsets), so nothing is copied to the host and the launch can be captured in a CUDA graph; surplus
 programs exit through empty masks. The tile follows the number of rows (`grouped_config`: smaller at
-decode). Every config shares BLOCK_K, hence the K order of a row, and the batch-invariant ones (per-row
-activation scales) are wgmma tiles, which on the H200 give the same bits whatever their shape: a row's
-result does not depend on how many tokens each expert received (as in the dense kernel's batch_invariant
-mode; the GPU run of tests/kernels checks it).
+decode; at the fewest, `swap_ab`: the product transposed, weight rows on the MMA's 64-row side). Every
+config shares BLOCK_K, hence the K order of a row, and the batch-invariant ones (per-row activation
+scales) are wgmma tiles, which on the H200 give the same bits whatever their shape or operand order: a
+row's result does not depend on how many tokens each expert received (as in the dense kernel's
+batch_invariant mode; the GPU run of tests/kernels checks it).
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # (scripts/gpu/decode_configs.py, results/bench/decode_h200.md).
 GROUPED_FEW_ROWS_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
 GROUPED_FEW_ROWS_FAST_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4)
-FAST_ROWS_PER_EXPERT = 16  # the 16-row tile up to this many rows per expert on average
+# Fewest rows, batch-invariant: the product transposed (swap_ab), 64 weight rows on the wgmma's M side
+# and 16 token rows on its N side, so 1-8 rows per expert no longer pad a 64-row MMA. Still wgmma with
+# the same K order: on the H200 its bits equal GROUPED_CONFIG's on inputs with spread block magnitudes
+# (tile_bits.py). H200, 128 experts top-8, us at 1 / 16 / 64 / 256 tokens: gate_up 20.1 / 109.1 / 162.1 /
+# 229.0 against the 64-row tile's 29.0 / 150.0 / 217.6 / 223.9 (bf16 _grouped_mm 31.4 / 180.1 / 263.9 /
+# 261.4); down 10.7 / 62.6 / 92.7 / 133.1 against 13.7 / 84.0 / 119.4 / 124.7 (decode_h200.md, session 15).
+GROUPED_SWAP_CONFIG = GemmConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True)
+SWAP_ROWS_PER_EXPERT = 8  # the swapped 16-token tile up to this many rows per expert on average
+FAST_ROWS_PER_EXPERT = 16  # the 16-row mma.sync tile (not batch-invariant) up to this many
 FEW_ROWS_PER_EXPERT = 32  # the 64-row tile up to this many
 # wgrad steps 64 tokens at a time: expert segments are padded to multiples of 64 (WGRAD_ALIGN) so the
 # loads need no masks, at the price of at most 63 zero tokens per expert
@@ -92,6 +101,7 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         OUT_BF16: tl.constexpr,
+        SWAP_AB: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -117,21 +127,23 @@ if HAS_TRITON:
         rb = tl.where(nmask, rn, 0).to(tl.int64)
         kb = tl.arange(0, BLOCK_K // 2)
         ks = tl.arange(0, BLOCK_K // 16)
-        acc = _w4a4_mainloop(
-            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
-            as_ptr + ra[:, None] * stride_as + ks[None, :],
-            bq_ptr + e64 * stride_bqe + rb[:, None] * stride_bq + kb[None, :],
-            bs_ptr + e64 * stride_bse + rb[:, None] * stride_bs + ks[None, :],
-            0,
-            tl.where(valid, K, 0),  # a surplus program runs no iteration
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            EVEN_K,
-            DEQUANT_ASM,
-            NUM_STAGES,
-            DEQ,
-        )
+        a_q = aq_ptr + ra[:, None] * stride_aq + kb[None, :]
+        a_s = as_ptr + ra[:, None] * stride_as + ks[None, :]
+        b_q = bq_ptr + e64 * stride_bqe + rb[:, None] * stride_bq + kb[None, :]
+        b_s = bs_ptr + e64 * stride_bse + rb[:, None] * stride_bs + ks[None, :]
+        k_hi = tl.where(valid, K, 0)  # a surplus program runs no iteration
+        if SWAP_AB:
+            # (B Aᵀ)ᵀ: the expert's weight rows fill the wgmma's 64-row side and the few token rows its
+            # N side (16), instead of padding 1-4 tokens to 64 MMA rows; the same products in the same
+            # K order
+            acc_t = _w4a4_mainloop(
+                b_q, b_s, a_q, a_s, 0, k_hi, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ
+            )
+            acc = tl.trans(acc_t)
+        else:
+            acc = _w4a4_mainloop(
+                a_q, a_s, b_q, b_s, 0, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ
+            )
         out = acc * ACC_SHIFT
         if A_GS_ROW:
             out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
@@ -243,6 +255,8 @@ def grouped_config(rows: int, experts: int, batch_invariant: bool = True) -> Gem
     so a row's result does not depend on how many rows the batch has."""
     if not batch_invariant and rows <= FAST_ROWS_PER_EXPERT * experts:
         return GROUPED_FEW_ROWS_FAST_CONFIG
+    if rows <= SWAP_ROWS_PER_EXPERT * experts:
+        return GROUPED_SWAP_CONFIG
     if rows <= FEW_ROWS_PER_EXPERT * experts:
         return GROUPED_FEW_ROWS_CONFIG
     return GROUPED_CONFIG
@@ -328,6 +342,7 @@ def nvfp4_grouped_matmul(
         EVEN_K=k % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         OUT_BF16=out_bf16,
+        SWAP_AB=cfg.swap_ab,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -406,6 +421,7 @@ __all__ = [
     "GROUPED_CONFIG",
     "GROUPED_FEW_ROWS_CONFIG",
     "GROUPED_FEW_ROWS_FAST_CONFIG",
+    "GROUPED_SWAP_CONFIG",
     "WGRAD_ALIGN",
     "WGRAD_CONFIG",
     "grouped_config",

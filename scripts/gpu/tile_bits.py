@@ -24,12 +24,17 @@ GROUPED = {
     "128x128 w8 (wgmma)": GemmConfig(128, 128, 128, num_warps=8, num_stages=4),
     "16x128 w4 (mma.sync)": GemmConfig(16, 128, 128, num_warps=4, num_stages=4),
     "32x64 w4 (mma.sync)": GemmConfig(32, 64, 128, num_warps=4, num_stages=4),
+    # swap_ab: (B Aᵀ)ᵀ, the weight rows on the wgmma's 64-row side, 16 token rows on its N side
+    "16x128 w4 swap (wgmma)": GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True),
+    "16x64 w4 swap (wgmma)": GemmConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True),
+    "16x256 w8 swap (wgmma)": GemmConfig(16, 256, 128, num_warps=8, num_stages=3, swap_ab=True),
 }
 DENSE = {
     "64x64 w4 (shipped batch-invariant)": GemmConfig(64, 64, 128, num_warps=4, num_stages=4),
     "64x128 w4": GemmConfig(64, 128, 128, num_warps=4, num_stages=4),
     "128x128 w8": GemmConfig(128, 128, 128, num_warps=8, num_stages=4),
     "16x64 w4 (mma.sync)": GemmConfig(16, 64, 128, num_warps=4, num_stages=4),
+    "16x128 w4 swap (wgmma; M <= 16)": GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True),
 }
 
 
@@ -75,7 +80,11 @@ def main() -> None:
             qw = nvfp4_quantize(data((n, k), spread, gen), W16)
             for m in (1, 16, 256):
                 qx = nvfp4_quantize(data((m, k), spread, gen), ROW)
-                outs = {c: nvfp4_matmul(qx, qw, config=cfg, method="fused") for c, cfg in DENSE.items()}
+                outs = {
+                    c: nvfp4_matmul(qx, qw, config=cfg, method="fused")
+                    for c, cfg in DENSE.items()
+                    if not (cfg.swap_ab and m > cfg.block_m)
+                }
                 compare(f"dense spread={spread} N={n} K={k} M={m}", outs)
 
 

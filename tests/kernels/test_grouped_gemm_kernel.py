@@ -31,6 +31,7 @@ from .kernel_ref import ref_quantize
 
 COUNTS = [5, 0, 1, 37, 16]  # E = 5
 SMALL = GemmConfig(16, 32, 32)  # several row tiles per expert at these sizes
+SMALL_SWAP = GemmConfig(16, 32, 32, swap_ab=True)
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +52,7 @@ def _check(out, a, b, tol=1e-5):
     assert ((out.cpu().double() - exact).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "16x32x32"])
+@pytest.mark.parametrize("config", [None, SMALL, SMALL_SWAP], ids=["default", "16x32x32", "16x32x32-swap"])
 @pytest.mark.parametrize("w_scope", ["tensor", "row"])
 @pytest.mark.parametrize("a_scope", ["tensor", "row"])
 def test_forward_matches_per_expert_reference(a_scope, w_scope, config, device):
@@ -72,14 +73,15 @@ def test_forward_matches_per_expert_reference(a_scope, w_scope, config, device):
         _check(out[o[e] : o[e + 1]], ref_a, ref_w)
 
 
-def test_bf16_output_and_all_rows_written(device):
+@pytest.mark.parametrize("config", [SMALL, SMALL_SWAP], ids=["16x32x32", "16x32x32-swap"])
+def test_bf16_output_and_all_rows_written(config, device):
     g = gen(2)
     offs, o = _offsets([3, 20, 0], device)
     x = blocky((o[-1], 32), g, spread=0.5)
     w = blocky((3, 24, 32), g, spread=0.5)
     qa = nvfp4_quantize_grouped(x.to(device), offs, QuantSpec(scope="row"))
     qw = nvfp4_quantize_batched(w.to(device), QuantSpec())
-    out = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=SMALL).float().cpu()
+    out = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=config).float().cpu()
     ref = torch.cat(
         [
             nvfp4_matmul_ref(quantize(x[o[e] : o[e + 1]], QuantSpec(scope="row")), quantize(w[e]))
@@ -296,14 +298,16 @@ def test_stacked_weight_cache_needs_the_same_tensor_not_its_address(device):
 def test_batch_invariant_tiles_give_the_same_bits(counts, device):
     """The grouped config follows the row count (grouped_config). With batch_invariant (per-row
     activation scales) it picks only wgmma tiles of one BLOCK_K, whose bits on the GPU do not depend on
-    the tile; the fast few-row tile (mma.sync) rounds differently inside the MMA and is only held to
-    float32 summation order, as is everything under the interpreter (numpy's dot is not tile-invariant).
+    the tile nor on which operand is the MMA's A (swap_ab); the fast few-row tile (mma.sync) rounds
+    differently inside the MMA and is only held to float32 summation order, as is everything under the
+    interpreter (numpy's dot is not tile-invariant).
     Inputs with block magnitudes spread over decades (`blocky`), where mma.sync and wgmma differ. At
     decode (T = 4 rows, 8 experts) the grid is bounded by T, and no row is lost to the bound."""
     from minite.kernels.grouped_gemm import (
         GROUPED_CONFIG,
         GROUPED_FEW_ROWS_CONFIG,
         GROUPED_FEW_ROWS_FAST_CONFIG,
+        GROUPED_SWAP_CONFIG,
         grouped_config,
     )
 
@@ -315,15 +319,25 @@ def test_batch_invariant_tiles_give_the_same_bits(counts, device):
     qa = nvfp4_quantize_grouped(x, offs, QuantSpec(scope="row"))
     qw = nvfp4_quantize_batched(w, QuantSpec(block="16x16"))
     e = len(counts)
-    assert grouped_config(o[-1], e) == GROUPED_FEW_ROWS_CONFIG
+    assert grouped_config(o[-1], e) == GROUPED_SWAP_CONFIG
     assert grouped_config(o[-1], e, batch_invariant=False) == GROUPED_FEW_ROWS_FAST_CONFIG
+    assert grouped_config(9 * e, e) == GROUPED_FEW_ROWS_CONFIG
     assert grouped_config(17 * e, e) == grouped_config(17 * e, e, False) == GROUPED_FEW_ROWS_CONFIG
     assert grouped_config(33 * e, e) == grouped_config(33 * e, e, False) == GROUPED_CONFIG
-    for cfg in (GROUPED_CONFIG, GROUPED_FEW_ROWS_CONFIG):
-        assert cfg.block_m >= 64 and cfg.num_warps % 4 == 0 and cfg.block_k == GROUPED_CONFIG.block_k
+    # wgmma: 64 rows (4 warps) on the MMA's M side, the token rows' side or, swapped, the weights'
+    for cfg in (GROUPED_CONFIG, GROUPED_FEW_ROWS_CONFIG, GROUPED_SWAP_CONFIG):
+        mma_rows = cfg.block_n if cfg.swap_ab else cfg.block_m
+        assert mma_rows >= 64 and cfg.num_warps % 4 == 0 and cfg.block_k == GROUPED_CONFIG.block_k
     invariant = [
         nvfp4_grouped_matmul(qa, qw, offs, config=cfg)
-        for cfg in (GROUPED_CONFIG, GROUPED_FEW_ROWS_CONFIG, GemmConfig(64, 64, 128), None)
+        for cfg in (
+            GROUPED_CONFIG,
+            GROUPED_FEW_ROWS_CONFIG,
+            GemmConfig(64, 64, 128),
+            GemmConfig(16, 128, 128, swap_ab=True),
+            GROUPED_SWAP_CONFIG,
+            None,
+        )
     ]
     fast = nvfp4_grouped_matmul(qa, qw, offs, batch_invariant=False)
     for out in invariant[1:]:
