@@ -310,104 +310,6 @@ if HAS_TRITON:
         return w - 0x3F400000
 
     @triton.jit
-    def _q1x16_load(x_ptr, pid_b, rows, blocks, R, NB, stride_xb, stride_xr):
-        """The (BLOCK_R rows, BLOCK_NB blocks) tile's elements as two halves (R, NB, 8) in the input
-        dtype: each block's 16 elements in one thread."""
-        mask = ((rows < R)[:, None] & (blocks < NB)[None, :])[:, :, None]
-        base = (
-            x_ptr
-            + pid_b * stride_xb
-            + rows.to(tl.int64)[:, None, None] * stride_xr
-            + (blocks * 16)[None, :, None]
-            + tl.arange(0, 8)[None, None, :]
-        )
-        return tl.load(base, mask=mask, other=0.0), tl.load(base + 8, mask=mask, other=0.0)
-
-    @triton.jit
-    def _q1x16_maxima(x0, x1):
-        """-> x0, x1 as float32 (non-finite values zeroed when there are any, as the reference drops
-        them from every max), block maxima (R, NB), their non-finite flags, row maxima (R,)."""
-        x0 = x0.to(tl.float32)
-        x1 = x1.to(tl.float32)
-        bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
-        bad = (bamax != bamax) | (bamax == float("inf"))
-        rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
-        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
-            # rare: drop non-finite values from every max, as the reference does
-            x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
-            x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
-            bamax = tl.maximum(tl.max(tl.abs(x0), axis=2), tl.max(tl.abs(x1), axis=2))
-            rmax = tl.max(bamax, axis=1)
-        return x0, x1, bamax, bad, rmax
-
-    @triton.jit
-    def _q1x16_store(
-        x0,
-        x1,
-        bamax,
-        bad,
-        rmax,
-        pid_b,
-        pid_c,
-        rows,
-        blocks,
-        R,
-        NB,
-        q_ptr,
-        s_ptr,
-        gs_ptr,
-        gs_out_ptr,
-        stride_gs_r,
-        GS_MODE: tl.constexpr,
-        FLAVOR: tl.constexpr,
-        POW2: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_NB: tl.constexpr,
-        F8_MAX: tl.constexpr,
-        F8_F4_MAX: tl.constexpr,
-        FLOAT32_MAX: tl.constexpr,
-        ONE_SIXTH: tl.constexpr,
-    ):
-        """Quantize the tile (after _q1x16_maxima) and store its packed words, scale bytes and, with
-        GS_MODE 3, the row scales."""
-        rmask = rows < R
-        bmask = rmask[:, None] & (blocks < NB)[None, :]
-        brow = pid_b * R + rows
-        if GS_MODE == 3:
-            s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
-            tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
-            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
-        elif GS_MODE == 1:
-            s_row = tl.load(gs_ptr + brow * stride_gs_r, mask=rmask, other=1.0)
-            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
-        else:
-            s_enc = tl.full((BLOCK_R, BLOCK_NB), 0.0, tl.float32) + tl.load(gs_ptr)
-        # E4M3 block scale and the multiplier, as _nvfp4_quantize_kernel (nvfp4._block_scale_and_multiplier)
-        if FLAVOR == 2:
-            v = tl.minimum(s_enc * (bamax * ONE_SIXTH), F8_MAX)
-        else:
-            v = bamax * (s_enc * ONE_SIXTH)
-        bs, bs_byte = _e4m3_rne(tl.minimum(v, F8_MAX))
-        one = tl.full((BLOCK_R, BLOCK_NB), 1.0, tl.float32)
-        if FLAVOR == 0:
-            mult = tl.where(bs == 0.0, 0.0, tl.math.div_rn(s_enc, tl.where(bs == 0.0, 1.0, bs)))
-        elif FLAVOR == 1:
-            d = bs * tl.math.div_rn(one, s_enc)
-            inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
-            mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
-        else:
-            inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
-            d = bs * inv_s
-            mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
-        w0 = _pack8(x0, mult, BLOCK_R, BLOCK_NB)
-        w1 = _pack8(x1, mult, BLOCK_R, BLOCK_NB)
-        q_ptrs = q_ptr + brow.to(tl.int64)[:, None, None] * (NB * 2) + (blocks * 2)[None, :, None]
-        q_ptrs = q_ptrs + tl.arange(0, 2)[None, None, :]
-        tl.store(q_ptrs, tl.join(w0, w1), mask=bmask[:, :, None])
-        sbyte = tl.where(bad, 0x7F, bs_byte).to(tl.uint8)
-        tl.store(s_ptr + brow.to(tl.int64)[:, None] * NB + blocks[None, :], sbyte, mask=bmask)
-
-    @triton.jit
     def _nvfp4_quant1x16_kernel(
         x_ptr,
         q_ptr,
@@ -441,130 +343,65 @@ if HAS_TRITON:
         pid_b = tl.program_id(2).to(tl.int64)
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         blocks = pid_c * BLOCK_NB + tl.arange(0, BLOCK_NB)
-        x0, x1 = _q1x16_load(x_ptr, pid_b, rows, blocks, R, NB, stride_xb, stride_xr)
-        x0, x1, bamax, bad, rmax = _q1x16_maxima(x0, x1)
+        rmask = rows < R
+        bmask = rmask[:, None] & (blocks < NB)[None, :]
+        mask = bmask[:, :, None]
+        base = (
+            x_ptr
+            + pid_b * stride_xb
+            + rows.to(tl.int64)[:, None, None] * stride_xr
+            + (blocks * 16)[None, :, None]
+            + tl.arange(0, 8)[None, None, :]
+        )
+        x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
+        bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
+        bad = (bamax != bamax) | (bamax == float("inf"))
+        rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
+        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+            # rare: drop non-finite values from every max, as the reference does
+            x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
+            x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
+            bamax = tl.maximum(tl.max(tl.abs(x0), axis=2), tl.max(tl.abs(x1), axis=2))
+            rmax = tl.max(bamax, axis=1)
+        brow = pid_b * R + rows
         if MODE == 1:
             n_ct = tl.num_programs(1)
-            tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rows < R)
+            tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rmask)
             return
-        _q1x16_store(
-            x0,
-            x1,
-            bamax,
-            bad,
-            rmax,
-            pid_b,
-            pid_c,
-            rows,
-            blocks,
-            R,
-            NB,
-            q_ptr,
-            s_ptr,
-            gs_ptr,
-            gs_out_ptr,
-            stride_gs_r,
-            GS_MODE,
-            FLAVOR,
-            POW2,
-            BLOCK_R,
-            BLOCK_NB,
-            F8_MAX,
-            F8_F4_MAX,
-            FLOAT32_MAX,
-            ONE_SIXTH,
-        )
-
-    @triton.jit
-    def _nvfp4_quant1x16_persistent_kernel(
-        x_ptr,
-        q_ptr,
-        s_ptr,
-        gs_ptr,
-        gs_out_ptr,
-        R,
-        NB,
-        B,
-        stride_xb,
-        stride_xr,
-        stride_gs_r,
-        GS_MODE: tl.constexpr,
-        FLAVOR: tl.constexpr,
-        POW2: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_NB: tl.constexpr,
-        F8_MAX: tl.constexpr,
-        F8_F4_MAX: tl.constexpr,
-        FLOAT32_MAX: tl.constexpr,
-        ONE_SIXTH: tl.constexpr,
-    ):
-        """_nvfp4_quant1x16_kernel's quantize (MODE 0) with a fixed number of programs, each walking
-        tiles pid, pid + P, ...: the next tile's loads are issued before this tile is quantized, so
-        each program keeps reads in flight while it computes (the one-tile kernel reads, then
-        computes, then writes). Same tile math, same bytes."""
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        n_r = tl.cdiv(R, BLOCK_R)
-        n_c = tl.cdiv(NB, BLOCK_NB)
-        n_tiles = n_r * n_c * B
-        ar = tl.arange(0, BLOCK_R)
-        ab = tl.arange(0, BLOCK_NB)
-        # tile t -> (batch, row tile, block tile); a tile past the end loads nothing (rows >= R)
-        t_b = (pid // (n_r * n_c)).to(tl.int64)
-        t_r = (pid // n_c) % n_r
-        t_c = pid % n_c
-        x0, x1 = _q1x16_load(
-            x_ptr,
-            t_b,
-            tl.where(pid < n_tiles, t_r * BLOCK_R, R) + ar,
-            t_c * BLOCK_NB + ab,
-            R,
-            NB,
-            stride_xb,
-            stride_xr,
-        )
-        for t in range(pid, n_tiles, nprog):
-            pid_b = (t // (n_r * n_c)).to(tl.int64)
-            pid_r = (t // n_c) % n_r
-            pid_c = t % n_c
-            rows = pid_r * BLOCK_R + ar
-            blocks = pid_c * BLOCK_NB + ab
-            nt = t + nprog
-            n_b = (nt // (n_r * n_c)).to(tl.int64)
-            n_rows = tl.where(nt < n_tiles, ((nt // n_c) % n_r) * BLOCK_R, R) + ar
-            x0n, x1n = _q1x16_load(
-                x_ptr, n_b, n_rows, (nt % n_c) * BLOCK_NB + ab, R, NB, stride_xb, stride_xr
-            )
-            y0, y1, bamax, bad, rmax = _q1x16_maxima(x0, x1)
-            _q1x16_store(
-                y0,
-                y1,
-                bamax,
-                bad,
-                rmax,
-                pid_b,
-                pid_c,
-                rows,
-                blocks,
-                R,
-                NB,
-                q_ptr,
-                s_ptr,
-                gs_ptr,
-                gs_out_ptr,
-                stride_gs_r,
-                GS_MODE,
-                FLAVOR,
-                POW2,
-                BLOCK_R,
-                BLOCK_NB,
-                F8_MAX,
-                F8_F4_MAX,
-                FLOAT32_MAX,
-                ONE_SIXTH,
-            )
-            x0 = x0n
-            x1 = x1n
+        if GS_MODE == 3:
+            s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
+            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
+        elif GS_MODE == 1:
+            s_row = tl.load(gs_ptr + brow * stride_gs_r, mask=rmask, other=1.0)
+            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
+        else:
+            s_enc = tl.full((BLOCK_R, BLOCK_NB), 0.0, tl.float32) + tl.load(gs_ptr)
+        # E4M3 block scale and the multiplier, as _nvfp4_quantize_kernel (nvfp4._block_scale_and_multiplier)
+        if FLAVOR == 2:
+            v = tl.minimum(s_enc * (bamax * ONE_SIXTH), F8_MAX)
+        else:
+            v = bamax * (s_enc * ONE_SIXTH)
+        bs, bs_byte = _e4m3_rne(tl.minimum(v, F8_MAX))
+        one = tl.full((BLOCK_R, BLOCK_NB), 1.0, tl.float32)
+        if FLAVOR == 0:
+            mult = tl.where(bs == 0.0, 0.0, tl.math.div_rn(s_enc, tl.where(bs == 0.0, 1.0, bs)))
+        elif FLAVOR == 1:
+            d = bs * tl.math.div_rn(one, s_enc)
+            inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
+            mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
+        else:
+            inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
+            d = bs * inv_s
+            mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
+        w0 = _pack8(x0, mult, BLOCK_R, BLOCK_NB)
+        w1 = _pack8(x1, mult, BLOCK_R, BLOCK_NB)
+        q_ptrs = q_ptr + brow.to(tl.int64)[:, None, None] * (NB * 2) + (blocks * 2)[None, :, None]
+        q_ptrs = q_ptrs + tl.arange(0, 2)[None, None, :]
+        tl.store(q_ptrs, tl.join(w0, w1), mask=mask)
+        sbyte = tl.where(bad, 0x7F, bs_byte).to(tl.uint8)
+        tl.store(s_ptr + brow.to(tl.int64)[:, None] * NB + blocks[None, :], sbyte, mask=bmask)
 
 
 # --- host side -------------------------------------------------------------------------------------------
@@ -623,19 +460,8 @@ class _Problem:
 
 # the 1x16 row-major fast path (_nvfp4_quant1x16_kernel); False runs the general kernel everywhere
 FAST_1X16 = True
-# programs per SM of the fast path's persistent kernel (each walks tiles, loading the next before it
-# quantizes this one); 0: one program per tile
-FAST_PERSISTENT = 0
 # (BLOCK_R, BLOCK_NB, num_warps) forced for the benchmark's sweep of the fast path (None: _fast_tile)
 FAST_TILE_OVERRIDE: tuple[int, int, int] | None = None
-
-
-def _sm_count(dev: torch.device) -> int:
-    """Streaming multiprocessors of `dev` (4 under the interpreter, so its tests walk several tiles a
-    program)."""
-    if dev.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def _fast_tile(nb: int, single_row_tile: bool) -> tuple[int, int, int]:
@@ -692,29 +518,6 @@ def _launch_fast(
         s = empty((b, r, nb), torch.uint8, dev)
         if gs_mode == GS_INKERNEL:
             gs_out = empty((b, r), torch.float32, dev)
-    if mode == 0 and FAST_PERSISTENT > 0:
-        tiles = grid[0] * grid[1] * grid[2]
-        _nvfp4_quant1x16_persistent_kernel[(min(tiles, FAST_PERSISTENT * _sm_count(dev)),)](
-            prob.x,
-            q.view(torch.int32),
-            s,
-            gs if gs is not None else dummy,
-            gs_out if gs_out is not None else dummy,
-            r,
-            nb,
-            b,
-            prob.stride_b,
-            prob.stride_r,
-            stride_gs_r,
-            GS_MODE=gs_mode,
-            FLAVOR=_FLAVOR_ID[spec.flavor],
-            POW2=spec.pow2_global,
-            BLOCK_R=block_r,
-            BLOCK_NB=block_nb,
-            num_warps=num_warps,
-            **CONSTS,
-        )
-        return q, s, gs_out, amax
     _nvfp4_quant1x16_kernel[grid](
         prob.x,
         q.view(torch.int32) if q is not None else dummy,

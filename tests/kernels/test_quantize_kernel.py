@@ -287,7 +287,6 @@ def test_clear_errors(device):
         nvfp4_quantize(torch.zeros(2, 16, 16, device=device), transpose=True)
 
 
-@pytest.mark.parametrize("persistent", [0, 1], ids=["tile-per-program", "persistent"])
 @pytest.mark.parametrize("tile", [None, (2, 16, 2)], ids=["heuristic", "2x16w2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize(
@@ -300,17 +299,11 @@ def test_clear_errors(device):
     ],
     ids=["row", "tensor-te", "tensor-vllm", "row-pow2"],
 )
-def test_fast_1x16_path_equals_general_kernel_and_reference(
-    spec, dtype, tile, persistent, poison, monkeypatch, device
-):
+def test_fast_1x16_path_equals_general_kernel_and_reference(spec, dtype, tile, poison, monkeypatch, device):
     """The 1x16 row-major fast path (_nvfp4_quant1x16_kernel) against the general kernel and the
     reference, bit for bit: odd row counts, K = 16 / 48 / 400, non-finite and -0.0 values, forced
-    tiles that split rows over programs (tensor scope) or hold several rows (row scope). persistent:
-    the same tiles walked by a few programs (4 under the interpreter, 1 a SM on a GPU), each loading
-    its next tile before quantizing the current one."""
+    tiles that split rows over programs (tensor scope) or hold several rows (row scope)."""
     from minite.kernels import quantize as kq
-
-    monkeypatch.setattr(kq, "FAST_PERSISTENT", persistent)
 
     g = gen(31)
     for rows, k in ((1, 16), (37, 48), (5, 400)):
