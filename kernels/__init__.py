@@ -13,6 +13,8 @@
     attention.py     float64 attention core for decode, one kernel <- minite.nn.attention.attention_fp64
     routing.py       MoE routing (expert sort) and the ordered combine at decode sizes, one kernel each
                                                                   <- route_by_expert_ref, combine_routed_ref
+    router.py        fp32 router logits, one FMA chain per output: batch invariant
+                                                                  <- minite.nn.router.router_logits_fp32_ref
 
 This folder is installed as the package `minite.kernels` (never import it as top-level `kernels`).
 Callers normally go through minite.numerics.dispatch (`use_kernels`, `quantize`, `matmul`), which

@@ -34,6 +34,7 @@ from minite.nn.functional import (
 )
 from minite.nn.linear import WeightQuantCache
 from minite.nn.norm import rms_norm_fp32
+from minite.nn.router import router_logits_fp32
 from minite.numerics import NVFP4Tensor, dispatch
 
 # where minite.kernels.moe caches the experts' stacked NVFP4 weights on a module (cleared by
@@ -256,8 +257,7 @@ class AlignedRouter(nn.Module):
     def forward(self, hidden_states: torch.Tensor):
         h = hidden_states.reshape(-1, self.hidden_dim)
         if self.fp32:
-            with torch.autocast(h.device.type, enabled=False):
-                logits = F.linear(h.float(), self.weight.float())
+            logits = router_logits_fp32(h, self.weight)  # one summation order for every batch size
         else:
             logits = F.linear(h, self.weight)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)

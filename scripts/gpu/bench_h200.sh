@@ -29,7 +29,7 @@ checks() {  # the GEMM paths, then the one-kernel twins (norm, RoPE, routing, at
   timeout "$1" python3 scripts/gpu/check_paths.py > "$OUT/check_paths_h200.log" 2>&1
   MINITE_KERNEL_TESTS_ON_GPU=1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_norm_kernel.py tests/kernels/test_rope_kernel.py tests/kernels/test_routing_kernel.py \
-    tests/kernels/test_attention_kernel.py >> "$OUT/check_paths_h200.log" 2>&1
+    tests/kernels/test_attention_kernel.py tests/kernels/test_router_kernel.py >> "$OUT/check_paths_h200.log" 2>&1
 }
 if [ "$NGPU" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=1; rollout $((END - SECONDS - 40)); checks $((END - SECONDS))) &

@@ -24,6 +24,7 @@ from minite.kernels.grouped_gemm import (
     GROUPED_CONFIG,
     GROUPED_FEW_ROWS_CONFIG,
     GROUPED_FEW_ROWS_FAST_CONFIG,
+    GROUPED_SWAP_CONFIG,
     nvfp4_grouped_matmul,
 )
 from minite.kernels.quantize import nvfp4_quantize, nvfp4_quantize_batched, nvfp4_quantize_grouped
@@ -47,7 +48,12 @@ def routing(tokens: int, experts: int, top_k: int, gen: torch.Generator):
     return offsets, perm // top_k
 
 
-def grouped(gen: torch.Generator, token_counts=(1, 16, 64, 256, 512, 1024), wide: bool = False) -> None:
+def grouped(
+    gen: torch.Generator,
+    token_counts=(1, 16, 64, 256, 512, 1024),
+    wide: bool = False,
+    swap_sweep: bool = False,
+) -> None:
     e, top = 128, 8
     cands = {
         "large 128x256 w8 s3 (GROUPED_CONFIG)": GROUPED_CONFIG,
@@ -60,6 +66,15 @@ def grouped(gen: torch.Generator, token_counts=(1, 16, 64, 256, 512, 1024), wide
         "16x256 w8 s3 swap (wgmma)": GemmConfig(16, 256, 128, num_warps=8, num_stages=3, swap_ab=True),
         "16x128 w4 s6 swap (wgmma)": GemmConfig(16, 128, 128, num_warps=4, num_stages=6, swap_ab=True),
     }
+    if swap_sweep:  # stages and widths of the swapped tile only, against the shipped configs
+        cands = {
+            "64x128 w4 s4 (GROUPED_FEW_ROWS_CONFIG)": GROUPED_FEW_ROWS_CONFIG,
+            "16x64 w4 s4 swap (GROUPED_SWAP_CONFIG)": GROUPED_SWAP_CONFIG,
+            **{
+                f"16x{n} w4 s{st} swap": GemmConfig(16, n, 128, num_warps=4, num_stages=st, swap_ab=True)
+                for n, st in ((64, 2), (64, 3), (64, 5), (128, 2), (128, 3))
+            },
+        }
     if wide:  # more wgmma tiles for the batch-invariant few-row case (any wgmma tile keeps the bits)
         cands.update(
             {
@@ -230,6 +245,9 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense", "norm"])
     p.add_argument("--grouped-tokens", type=int, nargs="+", default=[1, 16, 64, 256, 512, 1024])
     p.add_argument("--wide", action="store_true", help="more wgmma tiles in the grouped sweep")
+    p.add_argument(
+        "--swap-sweep", action="store_true", help="grouped: only swapped tiles of other stages/widths"
+    )
     args = p.parse_args()
     only = set(args.only or ["attention", "train", "grouped", "dense", "norm"])
     print(torch.cuda.get_device_name(), torch.__version__)
@@ -239,7 +257,7 @@ def main() -> None:
     if "train" in only:
         attention_train()
     if "grouped" in only:
-        grouped(gen, args.grouped_tokens, args.wide)
+        grouped(gen, args.grouped_tokens, args.wide, args.swap_sweep)
     if "dense" in only:
         dense(gen)
     if "norm" in only:

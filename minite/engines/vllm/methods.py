@@ -57,6 +57,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from minite.nn.router import router_logits_fp32
 from minite.numerics import BLOCK, NVFP4Tensor, dispatch, nvfp4_matmul_ref, quantize
 from minite.numerics.constants import E4M3_DTYPE
 from minite.recipes import NumericsSpec
@@ -261,7 +262,8 @@ class Fp32RouterLinearMethod(UnquantizedLinearMethod):
     """MoE router gate with an fp32 weight and fp32 logits (`NumericsSpec.fp32_router`).
 
     The weight is stored in fp32 whatever the model dtype (the trainer's master may be fp32), and vLLM's
-    CPU repacking of unquantized weights is skipped so the logits are a plain fp32 `F.linear`."""
+    CPU repacking of unquantized weights is skipped so the logits are `minite.nn.router.router_logits_fp32`
+    (the trainer's: a plain fp32 `F.linear` on CPU, the batch-invariant kernel on CUDA)."""
 
     def create_weights(
         self,
@@ -289,7 +291,8 @@ class Fp32RouterLinearMethod(UnquantizedLinearMethod):
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return F.linear(x.float(), layer.weight.float(), None if bias is None else bias.float())
+        logits = router_logits_fp32(x, layer.weight)  # the trainer's router: the same bits at any batch
+        return logits if bias is None else logits + bias.float()
 
 
 # --- MoE experts ---------------------------------------------------------------------------------------

@@ -1,0 +1,111 @@
+"""fp32 MoE router logits with one summation order for every batch: the twin of
+minite.nn.router.router_logits_fp32_ref.
+
+    logits[m, e] = sum_k float32(h[m, k]) · float32(w[e, k]),  float32, k = 0, 1, ..., K-1 in order
+
+cuBLAS's float32 GEMM picks its kernel by shape: at decode sizes it splits K (a `splitKreduce` kernel
+follows the GEMM), for a trainer's thousands of rows it does not, so one row's logits come out differently
+alone and inside a large batch (on the H200, Qwen3-30B-A3B's router, 2048 -> 128: ~90 % of the logits and
+of the top-8 routing weights of a row differ between M = 16 and M = 8192; scripts/gpu/router_bits.py).
+The trainer computes the router over whole sequences and the sampler over a few decode rows, so the two
+engines' MoE outputs differed although every other step matched bit for bit.
+
+Here every output is one float32 FMA chain over k in ascending order (`tl.dot` with
+input_precision="ieee" runs FMAs, no tensor cores), whatever the tile or the number of rows: a row's
+logits depend on nothing else in the batch. The operands are read in their own dtype (bf16 activations,
+fp32 or bf16 weights) and widened in registers, so no float32 copies are made first. Under the Triton
+interpreter `tl.dot` is numpy's matmul (another order): there the result is the reference's up to float32
+summation order, as on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _router_logits_kernel(
+        h_ptr,
+        w_ptr,
+        out_ptr,
+        M,
+        E,
+        K,
+        stride_hm,
+        stride_we,
+        stride_om,
+        BLOCK_M: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+        rk = tl.arange(0, BLOCK_K)
+        mmask = rm < M
+        emask = re < E
+        h_ptrs = h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rk[None, :]
+        w_ptrs = w_ptr + re.to(tl.int64)[None, :] * stride_we + rk[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kmask = (k0 + rk) < K
+            # padding adds fma(0, 0, acc) = acc: the chain never holds -0.0 (x + (-x) rounds to +0.0)
+            a = tl.load(h_ptrs + k0, mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            b = tl.load(w_ptrs + k0, mask=kmask[:, None] & emask[None, :], other=0.0).to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
+        tl.store(o_ptrs, acc, mask=mmask[:, None] & emask[None, :])
+
+
+def router_config(m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_E, BLOCK_K, num_warps) for m rows. Any tile gives the same bits (the K order is
+    fixed), so the tile follows m: at decode, narrow expert tiles for more programs; else wide ones."""
+    if m <= 16:
+        return 16, 32, 64, 4
+    if m <= 256:
+        return 32, 64, 32, 4
+    return 64, 128, 32, 8
+
+
+def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h (..., K) float, w (E, K) float -> float32 (..., E): h · wᵀ as one float32 FMA chain per output
+    in ascending k (module docstring)."""
+    require_triton("router_logits_fp32")
+    if w.ndim != 2 or h.shape[-1] != w.shape[1]:
+        raise ValueError(
+            f"router_logits_fp32: h (..., K) and w (E, K) must share K, got {tuple(h.shape)} and "
+            f"{tuple(w.shape)}"
+        )
+    if not (h.dtype.is_floating_point and w.dtype.is_floating_point):
+        raise TypeError(f"router_logits_fp32: float operands only, got {h.dtype} and {w.dtype}")
+    check_device("router_logits_fp32", h, w)
+    k, e = w.shape[1], w.shape[0]
+    h2 = h.reshape(-1, k)
+    if h2.stride(-1) != 1:
+        h2 = h2.contiguous()
+    w2 = w if w.stride(-1) == 1 else w.contiguous()
+    m = h2.shape[0]
+    out = empty((m, e), torch.float32, h.device)
+    if m and e:
+        bm, be, bk, warps = router_config(m)
+        _router_logits_kernel[(triton.cdiv(m, bm), triton.cdiv(e, be))](
+            h2,
+            w2,
+            out,
+            m,
+            e,
+            k,
+            h2.stride(0),
+            w2.stride(0),
+            out.stride(0),
+            BLOCK_M=bm,
+            BLOCK_E=be,
+            BLOCK_K=bk,
+            num_warps=warps,
+        )
+    return out.reshape(*h.shape[:-1], e)
+
+
+__all__ = ["router_config", "router_logits_fp32"]
