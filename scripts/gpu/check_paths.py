@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from minite.bench.learner import TOY, parse_recipe
+from minite.bench.learner import QWEN3_30B_A3B, TOY, parse_recipe
 from minite.bench.rollout import Decoder, build_sampler
 from minite.engines.trainer import forward
 from minite.models.tiny import build_tiny_model
@@ -35,6 +35,28 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def logits(model, ids):
     return forward(model, torch.bfloat16, input_ids=ids, attention_mask=torch.ones_like(ids)).float()
+
+
+def decode_vs_full_forward(name: str, shape: dict, layers: int, dev: torch.device) -> None:
+    sampler = build_sampler(MINITE, shape, layers, dev, seed=0)
+    prompt = torch.randint(3, shape["vocab_size"], (8, 16), device=dev)
+    dec = Decoder(sampler.model, 8, 32, dev)
+    steps, seq = [dec.prefill(prompt)], prompt
+    for t in range(6):
+        tok = steps[-1].argmax(-1)
+        seq = torch.cat([seq, tok[:, None]], 1)
+        dec.set_next(tok, 16 + t)
+        steps.append(dec.step(False).clone())
+    with torch.no_grad():
+        full = sampler.model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[:, 15:].float()
+    dec_logits = torch.stack(steps, 1).float()
+    same = torch.equal(dec_logits, full)
+    check(
+        name,
+        same,
+        f"decode-step logits == one full forward bitwise: {same} (max rel {rel(dec_logits, full):.2e})",
+    )
+    sampler.close()
 
 
 def main() -> int:
@@ -118,27 +140,11 @@ def main() -> int:
                 f"{name}_graph_decode", rel(outs[True], outs[False]) < 1e-2, f"graph == eager bitwise: {same}"
             )
         sampler.close()
-    # minite: a decode step (8 rows: the few-row GEMM tiles) against the whole sequence in one forward
-    # (176 tokens: the large tiles) on the same weights; the sampler-trainer alignment needs them equal
-    sampler = build_sampler(MINITE, TOY, 3, dev, seed=0)
-    prompt = torch.randint(3, TOY["vocab_size"], (8, 16), device=dev)
-    dec = Decoder(sampler.model, 8, 32, dev)
-    steps, seq = [dec.prefill(prompt)], prompt
-    for t in range(6):
-        tok = steps[-1].argmax(-1)
-        seq = torch.cat([seq, tok[:, None]], 1)
-        dec.set_next(tok, 16 + t)
-        steps.append(dec.step(False).clone())
-    with torch.no_grad():
-        full = sampler.model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[:, 15:].float()
-    dec_logits = torch.stack(steps, 1).float()
-    same = torch.equal(dec_logits, full)
-    check(
-        "minite_decode_tiles_vs_full_forward",
-        same,
-        f"decode-step logits == one full forward bitwise: {same} (max rel {rel(dec_logits, full):.2e})",
-    )
-    sampler.close()
+    # minite: a decode step (8 rows: the few-row GEMM tiles, the router's decode-size GEMM) against the
+    # whole sequence in one forward (176 tokens: the large tiles) on the same weights; the sampler-trainer
+    # alignment needs them equal. Toy shapes, then Qwen3-30B-A3B's layer shapes (2 layers, the last bf16)
+    decode_vs_full_forward("minite_decode_tiles_vs_full_forward", TOY, 3, dev)
+    decode_vs_full_forward("minite_decode_vs_full_forward_qwen3_30b_a3b_shapes", QWEN3_30B_A3B, 2, dev)
     print("failed:", FAILED or "none", flush=True)
     return 1 if FAILED else 0
 
