@@ -1,7 +1,7 @@
 """fp32 MoE router logits with one summation order for every batch: the twin of
 minite.nn.router.router_logits_fp32_ref.
 
-    logits[m, e] = sum_k float32(h[m, k]) · float32(w[e, k]),  float32, k = 0, 1, ..., K-1 in order
+    logits[m, e] = sum_k float32(h[m, k]) · float32(w[e, k]),  float32, in one order for every batch
 
 cuBLAS's float32 GEMM picks its kernel by shape: at decode sizes it splits K (a `splitKreduce` kernel
 follows the GEMM), for a trainer's thousands of rows it does not, so one row's logits come out differently
@@ -10,12 +10,17 @@ of the top-8 routing weights of a row differ between M = 16 and M = 8192; script
 The trainer computes the router over whole sequences and the sampler over a few decode rows, so the two
 engines' MoE outputs differed although every other step matched bit for bit.
 
-Here every output is one float32 FMA chain over k in ascending order (`tl.dot` with
-input_precision="ieee" runs FMAs, no tensor cores), whatever the tile or the number of rows: a row's
-logits depend on nothing else in the batch. The operands are read in their own dtype (bf16 activations,
-fp32 or bf16 weights) and widened in registers, so no float32 copies are made first. Under the Triton
-interpreter `tl.dot` is numpy's matmul (another order): there the result is the reference's up to float32
-summation order, as on the GPU.
+Here every output is reduced in one fixed order whatever the batch: K in chunks of BLOCK_K, each chunk's
+float32 products summed by `tl.sum` over a (rows, experts, K) tile whose shape and layout are constants
+(not chosen by M), the chunk sums added in ascending order. A row's logits therefore depend on nothing
+else in the batch, nor on its position in a tile (every (row, expert) line of the tile is reduced by the
+same lanes in the same tree). The operands are read in their own dtype (bf16 activations, fp32 or bf16
+weights) and widened in registers, so no float32 copies are made first. Under the Triton interpreter the
+sum is numpy's (another order): there the result is the reference's up to float32 summation order, as it
+is on the GPU.
+
+(A first version used `tl.dot(..., input_precision="ieee")`, one FMA chain per output: batch-invariant
+as well, but 77 us for one row on the H200 against 7.6 us for the torch reference.)
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+
+# The tile: constants, because the summation order follows them (never pick them by M). Rows per program
+# trade redundant weight reads (trainer sizes) against masked work (decode); 8 experts a program give 16
+# programs for 128 experts at one row.
+BLOCK_R, BLOCK_E, BLOCK_K, NUM_WARPS = 8, 8, 128, 4
 
 if HAS_TRITON:
 
@@ -37,41 +47,30 @@ if HAS_TRITON:
         stride_hm,
         stride_we,
         stride_om,
-        BLOCK_M: tl.constexpr,
+        BLOCK_R: tl.constexpr,
         BLOCK_E: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rm = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
         rk = tl.arange(0, BLOCK_K)
         mmask = rm < M
         emask = re < E
         h_ptrs = h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rk[None, :]
-        w_ptrs = w_ptr + re.to(tl.int64)[None, :] * stride_we + rk[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+        w_ptrs = w_ptr + re.to(tl.int64)[:, None] * stride_we + rk[None, :]
+        acc = tl.zeros((BLOCK_R, BLOCK_E), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            kmask = (k0 + rk) < K
-            # padding adds fma(0, 0, acc) = acc: the chain never holds -0.0 (x + (-x) rounds to +0.0)
-            a = tl.load(h_ptrs + k0, mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            b = tl.load(w_ptrs + k0, mask=kmask[:, None] & emask[None, :], other=0.0).to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            kmask = ((k0 + rk) < K)[None, :]
+            a = tl.load(h_ptrs + k0, mask=mmask[:, None] & kmask, other=0.0).to(tl.float32)
+            b = tl.load(w_ptrs + k0, mask=emask[:, None] & kmask, other=0.0).to(tl.float32)
+            acc += tl.sum(a[:, None, :] * b[None, :, :], axis=2)
         o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
         tl.store(o_ptrs, acc, mask=mmask[:, None] & emask[None, :])
 
 
-def router_config(m: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_E, BLOCK_K, num_warps) for m rows. Any tile gives the same bits (the K order is
-    fixed), so the tile follows m: at decode, narrow expert tiles for more programs; else wide ones."""
-    if m <= 16:
-        return 16, 32, 64, 4
-    if m <= 256:
-        return 32, 64, 32, 4
-    return 64, 128, 32, 8
-
-
 def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """h (..., K) float, w (E, K) float -> float32 (..., E): h · wᵀ as one float32 FMA chain per output
-    in ascending k (module docstring)."""
+    """h (..., K) float, w (E, K) float -> float32 (..., E): h · wᵀ summed in one order for every batch
+    (module docstring)."""
     require_triton("router_logits_fp32")
     if w.ndim != 2 or h.shape[-1] != w.shape[1]:
         raise ValueError(
@@ -89,8 +88,7 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     m = h2.shape[0]
     out = empty((m, e), torch.float32, h.device)
     if m and e:
-        bm, be, bk, warps = router_config(m)
-        _router_logits_kernel[(triton.cdiv(m, bm), triton.cdiv(e, be))](
+        _router_logits_kernel[(triton.cdiv(m, BLOCK_R), triton.cdiv(e, BLOCK_E))](
             h2,
             w2,
             out,
@@ -100,12 +98,12 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             h2.stride(0),
             w2.stride(0),
             out.stride(0),
-            BLOCK_M=bm,
-            BLOCK_E=be,
-            BLOCK_K=bk,
-            num_warps=warps,
+            BLOCK_R=BLOCK_R,
+            BLOCK_E=BLOCK_E,
+            BLOCK_K=BLOCK_K,
+            num_warps=NUM_WARPS,
         )
     return out.reshape(*h.shape[:-1], e)
 
 
-__all__ = ["router_config", "router_logits_fp32"]
+__all__ = ["router_logits_fp32"]

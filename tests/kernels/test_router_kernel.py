@@ -1,18 +1,17 @@
 """The batch-invariant fp32 router logits (minite.kernels.router) vs float64 math and the torch reference.
 
 bf16 / fp16 / fp32 activations with fp32 or bf16 weights, M = 1 / 3 / 16 / 17 / 100 rows, K and E not
-multiples of the tiles, rows alone against the same rows inside a batch and under every tile config, and
-the autograd backward against torch's autograd through the reference. On the GPU the outputs are held to
-the bits of a float32 FMA chain in ascending k and a row's bits to be the same in any batch; under the
-interpreter `tl.dot` is numpy's matmul, so there they are held to float32 summation tolerance. Outputs are
-poisoned with NaN before every launch.
+multiples of the tiles, rows alone against the same rows inside a batch, and the autograd backward
+against torch's autograd through the reference. On the GPU a row's bits are held to be the same in any
+batch and at any position of a tile; under the interpreter the sums are numpy's, so there they are held
+to float32 summation tolerance. Outputs are poisoned with NaN before every launch.
 """
 
 import pytest
 import torch
 
 from minite.kernels import _triton
-from minite.kernels.router import router_config, router_logits_fp32
+from minite.kernels.router import router_logits_fp32
 from minite.nn.router import _RouterLogitsFP32, router_logits_fp32_ref
 
 
@@ -56,39 +55,24 @@ def test_leading_dims_and_strided_input(device):
     assert torch.equal(router_logits_fp32(wide, w.to(device)), out.reshape(12, 9))
 
 
-def test_rows_are_batch_invariant_and_tile_invariant(device, monkeypatch):
-    """A row alone, at the head of a batch, at its tail and under each tile config: the same bits on the
-    GPU (one FMA chain per output whatever the tile); the interpreter's numpy dot only to tolerance."""
-    from minite.kernels import router as kr
-
+def test_rows_are_batch_invariant(device):
+    """A row alone, at the head of a batch, at other positions of a tile and inside 300 rows: the same
+    bits on the GPU (the tile and its reduction order are constants); the interpreter's numpy sums only to
+    float32 summation tolerance."""
     h, w = _data(300, 256, 128, torch.bfloat16, torch.float32, 2)
     hd, wd = h.to(device), w.to(device)
     full = router_logits_fp32(hd, wd)
     checks = [(router_logits_fp32(hd[i : i + 1], wd), [i]) for i in (0, 150, 299)]
     checks.append((router_logits_fp32(hd[:16], wd)[:1], [0]))
-    checks.append((router_logits_fp32(hd[140:160], wd)[10:11], [150]))
-    for m in (1, 16, 200, 4096):  # each config on the full batch
-        cfg = router_config(m)
-        monkeypatch.setattr(kr, "router_config", lambda _m, cfg=cfg: cfg)
-        checks.append((router_logits_fp32(hd, wd), list(range(300))))
+    checks.append((router_logits_fp32(hd[147:160], wd)[3:4], [150]))
+    checks.append(
+        (router_logits_fp32(torch.cat([hd[150:], hd[:150]]), wd), list(range(150, 300)) + list(range(150)))
+    )
     for out, rows in checks:
         if device == "cuda":
             assert torch.equal(out, full[rows])
         else:
             _within_fp32_summation(out, h[rows], w)
-
-
-def test_is_a_float32_fma_chain_in_ascending_k(device):
-    """On the GPU the bits of the chain acc = fma(h[k], w[k], acc), k = 0, 1, ... (torch's CUDA addcmul
-    with value 1 compiles to that FMA); the interpreter's numpy dot sums otherwise."""
-    if device != "cuda":
-        pytest.skip("the FMA chain's bits are a GPU property (the interpreter runs numpy's dot)")
-    h, w = _data(5, 96, 7, torch.bfloat16, torch.float32, 3)
-    h, w = h.to(device).float(), w.to(device).float()
-    acc = torch.zeros(5, 7, device=device)
-    for k in range(96):
-        acc = torch.addcmul(acc, h[:, k : k + 1], w[:, k][None, :])
-    assert torch.equal(router_logits_fp32(h, w), acc)
 
 
 def test_backward_matches_torch_autograd_of_the_reference(device):
