@@ -57,6 +57,29 @@ def main() -> None:
         t_k = bench_graph(router_logits_fp32, sets, calls=16) * 1e3
         t_r = bench_graph(router_logits_fp32_ref, sets, calls=16) * 1e3
         print(f"| {m} | {t_k:.1f} | {t_r:.1f} | {t_r / t_k:.2f}x |")
+    tiles()
+
+
+def tiles() -> None:
+    """Other constant tiles (BLOCK_R, BLOCK_E, BLOCK_K, warps): us a call, and whether rows alone equal
+    the same rows in 8192 (each tile is its own summation order, invariant by construction)."""
+    from minite.kernels import router as kr
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(128, 2048, generator=g, device="cuda")
+    h = torch.randn(8192, 2048, generator=g, device="cuda").bfloat16()
+    shipped = (kr.BLOCK_R, kr.BLOCK_E, kr.BLOCK_K, kr.NUM_WARPS)
+    print("\n| tile (rows, experts, K, warps) | M=1 us | M=16 us | M=64 us | M=8192 us | alone == in 8192 |")
+    print("|---|---:|---:|---:|---:|---|")
+    for tile in (shipped, (4, 8, 256, 4), (4, 16, 128, 4), (2, 8, 256, 4), (4, 4, 256, 4), (8, 16, 128, 8)):
+        kr.BLOCK_R, kr.BLOCK_E, kr.BLOCK_K, kr.NUM_WARPS = tile
+        try:
+            full = router_logits_fp32(h, w)
+            same = all(torch.equal(router_logits_fp32(h[:m], w), full[:m]) for m in (1, 5, 16, 64))
+            times = [bench_graph(router_logits_fp32, [(h[:m], w)], calls=16) * 1e3 for m in (1, 16, 64, 8192)]
+            print(f"| {tile} | " + " | ".join(f"{t:.1f}" for t in times) + f" | {same} |", flush=True)
+        finally:
+            kr.BLOCK_R, kr.BLOCK_E, kr.BLOCK_K, kr.NUM_WARPS = shipped
 
 
 if __name__ == "__main__":
