@@ -20,7 +20,7 @@ sum is numpy's (another order): there the result is the reference's up to float3
 is on the GPU.
 
 (A first version used `tl.dot(..., input_precision="ieee")`, one FMA chain per output: batch-invariant
-as well, but 77 us for one row on the H200 against 7.6 us for the torch reference.)
+as well, but 77 us for one row on the H200 against 7.6 us for the torch reference, 346 us at 8192 rows.)
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ import torch
 
 from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
 
-# The tile: constants, because the summation order follows them (never pick them by M). Rows per program
-# trade redundant weight reads (trainer sizes) against masked work (decode); 8 experts a program give 16
-# programs for 128 experts at one row.
-BLOCK_R, BLOCK_E, BLOCK_K, NUM_WARPS = 8, 8, 128, 4
+# The tile: constants, because the summation order follows them (never pick them by M). H200, 2048 -> 128
+# experts, us at 1 / 16 / 64 / 8192 rows (scripts/gpu/router_bits.py; torch's fp32 copies + cuBLAS 7.5 /
+# 11.3 / 11.9 / 147): (4, 4, 256) 8.4 / 8.6 / 15.6 / 1542; (2, 8, 256) 9.5 / 9.7 / 17.1 / 1697; (4, 8, 256)
+# 12.4 / 12.5 / 16.2 / 1398; (8, 8, 128) 29.1 / 29.5 / 29.6 / 2371; every one batch-invariant. Decode
+# sizes decide; at trainer sizes this costs ~1.4 ms more a layer than cuBLAS (and is right).
+BLOCK_R, BLOCK_E, BLOCK_K, NUM_WARPS = 4, 4, 256, 4
 
 if HAS_TRITON:
 
