@@ -13,8 +13,10 @@
     attention.py     float64 attention core for decode, one kernel <- minite.nn.attention.attention_fp64
     routing.py       MoE routing (expert sort) and the ordered combine at decode sizes, one kernel each
                                                                   <- route_by_expert_ref, combine_routed_ref
-    router.py        fp32 router logits, one FMA chain per output: batch invariant
+    router.py        fp32 router logits in one summation order: batch invariant
                                                                   <- minite.nn.router.router_logits_fp32_ref
+    bf16_gemm.py     bf16/fp16 GEMM of the linears a quantized recipe keeps in bf16: batch invariant
+                                                                  <- F.linear
 
 This folder is installed as the package `minite.kernels` (never import it as top-level `kernels`).
 Callers normally go through minite.numerics.dispatch (`use_kernels`, `quantize`, `matmul`), which

@@ -39,6 +39,7 @@ WeightSource = Literal["master", "reexport", "trainer"]
 RopeArithmetic = Literal["native", "fp32"]
 AttentionCore = Literal["native", "fp64"]
 GemmPath = Literal["fused", "emulated"]
+Bf16Linears = Literal["native", "invariant"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class NumericsSpec:
     # (transformers' eager loop for unquantized experts). Both equal the reference GEMM up to fp32
     # summation order.
     gemm: GemmPath = "fused"
+    # The linears left in bf16 (bf16_first/last_blocks, quantize_attention=false). "native": F.linear;
+    # on a GPU cuBLAS picks its kernel by batch size, so a row's bits can follow the batch (the sampler's
+    # few decode rows vs the trainer's sequences). "invariant": minite.nn.linear.InvariantLinear, one K
+    # order whatever the batch on CUDA (minite.kernels.bf16_gemm), F.linear on CPU.
+    bf16_linears: Bf16Linears = "native"
     # Sampler only: where its quantized weights come from.
     weight_source: WeightSource = "master"
 
@@ -168,6 +174,7 @@ _MT_FWD = NumericsSpec(
     deterministic_topk=True,
     rope="fp32",
     attention="fp64",
+    bf16_linears="invariant",
 )
 
 MINITE = Recipe(

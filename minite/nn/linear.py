@@ -1,4 +1,5 @@
-"""QuantLinear: nn.Linear that runs the recipe's NVFP4 numerics (see functional.py).
+"""QuantLinear: nn.Linear that runs the recipe's NVFP4 numerics (see functional.py); InvariantLinear: the
+bf16 linears of a quantized recipe with one summation order for every batch size.
 
 Two modes:
 - training: the forward weight is quantized from the high-precision master `weight` (cached until the
@@ -13,10 +14,11 @@ import weakref
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minite.nn.functional import LinearNumerics, SeedSource, _q, qmm, quant_linear, quantize_operand
-from minite.numerics import NVFP4Tensor
+from minite.numerics import NVFP4Tensor, dispatch
 
 
 class WeightQuantCache:
@@ -115,6 +117,64 @@ class QuantLinear(nn.Linear):
         wdesc = w and (w.block, w.scope, w.flavor)
         adesc = a and (a.block, a.scope, a.flavor)
         return f"{super().extra_repr()}, W={wdesc}, X={adesc}, {mode}"
+
+
+class _LinearBF16(torch.autograd.Function):
+    """The batch-invariant kernel's forward; the backward is F.linear's (torch GEMMs in the same dtype)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # noqa: D102
+        from minite.kernels.bf16_gemm import linear_bf16
+
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return linear_bf16(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        x, weight = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        dx = (g @ weight) if ctx.needs_input_grad[0] else None
+        dw = (g2.T @ x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def linear_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear whose row results do not depend on the batch: on CUDA with bf16/fp16 operands the
+    batch-invariant kernel (minite.kernels.bf16_gemm), else F.linear itself. Under autocast the operands
+    are cast to the autocast dtype first, as F.linear's autocast does."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        x, weight = x.to(dt), weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
+    if (
+        x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and dispatch.use_kernels(x, weight)
+    ):
+        with torch.autocast(dev, enabled=False):
+            return _LinearBF16.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class InvariantLinear(nn.Linear):
+    """nn.Linear computed by `linear_invariant` (`NumericsSpec.bf16_linears: invariant`): the linears a
+    quantized recipe keeps in bf16, so that the trainer's sequences and the sampler's decode rows get
+    the same bits. Shares the parameters of the linear it replaces (same names)."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> InvariantLinear:
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_invariant(x, self.weight, self.bias)
 
 
 def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> list[torch.Tensor]:

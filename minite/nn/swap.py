@@ -16,7 +16,7 @@ from torch import nn
 
 from minite.nn.attention import AlignedAttention, RopeTable
 from minite.nn.functional import LinearNumerics, SeedSource
-from minite.nn.linear import QuantLinear
+from minite.nn.linear import InvariantLinear, QuantLinear
 from minite.nn.moe import GROUPED_CACHE_ATTR, AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
 from minite.recipes import NumericsSpec
 
@@ -75,7 +75,17 @@ def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedS
             # always wrapped (with both options off it computes exactly what transformers' router does)
             # so that every engine can record its routing decisions for diagnostics
             mlp.gate = AlignedRouter(mlp.gate, spec.fp32_router, spec.deterministic_topk)
-        if not spec.block_is_quantized(i, n):
+        quantized_block = spec.block_is_quantized(i, n)
+        if spec.bf16_linears == "invariant":  # the linears this block leaves in bf16
+            names = []
+            if not (quantized_block and spec.quantize_attention):
+                names += [("self_attn", p) for p in _ATTN]
+            if not (quantized_block and spec.quantize_experts) and not hasattr(mlp, "experts"):
+                names += [("mlp", p) for p in _DENSE_MLP if hasattr(mlp, p)]
+            for parent, p in names:
+                mod = getattr(layer, parent)
+                setattr(mod, p, InvariantLinear.from_linear(getattr(mod, p)))
+        if not quantized_block:
             continue
         if spec.quantize_attention:
             for p in _ATTN:

@@ -75,3 +75,35 @@ def test_quantized_model_trains(tiny_model):
     loss.backward()
     g = tiny_model.model.layers[0].mlp.experts.gate_up_proj.grad
     assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+
+
+def test_bf16_linears_invariant_wraps_only_the_linears_left_in_bf16(tiny_model):
+    """minite keeps its last block in bf16: those q/k/v/o become InvariantLinear (same parameters), the
+    quantized blocks' stay QuantLinear; te_nvfp4 (bf16_linears native) leaves them nn.Linear. On CPU an
+    InvariantLinear is F.linear bit for bit (the batch-invariant kernel runs on CUDA only)."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from minite.nn.linear import InvariantLinear, linear_invariant
+
+    assert MINITE.trainer.bf16_linears == MINITE.sampler.bf16_linears == "invariant"
+    te = copy.deepcopy(tiny_model)
+    weights = {n: p for n, p in tiny_model.named_parameters()}
+    apply_numerics(tiny_model, MINITE.trainer)
+    layers = tiny_model.model.layers
+    last = layers[len(layers) - 1].self_attn
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        mod = getattr(last, p)
+        assert (
+            type(mod) is InvariantLinear
+            and mod.weight is weights[f"model.layers.{len(layers) - 1}.self_attn.{p}.weight"]
+        )
+        assert isinstance(getattr(layers[0].self_attn, p), QuantLinear)
+    apply_numerics(te, TE_NVFP4.trainer)
+    assert type(te.model.layers[len(layers) - 1].self_attn.o_proj) is torch.nn.Linear
+    x = torch.randn(3, 5, last.o_proj.in_features).bfloat16()
+    w = last.o_proj.weight.detach().bfloat16()
+    assert torch.equal(linear_invariant(x, w), F.linear(x, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the operands take the autocast dtype, as F.linear's
+        assert linear_invariant(x.float(), last.o_proj.weight).dtype == torch.bfloat16
