@@ -23,6 +23,7 @@ from minite.engines.vllm.checkpoint import write_sampler_checkpoint  # noqa: E40
 from minite.engines.vllm.layout import PACKED_SUFFIXES, module_is_quantized  # noqa: E402
 from minite.engines.vllm.methods import (  # noqa: E402
     Fp32RouterLinearMethod,
+    InvariantLinearMethod,
     MiniteLinearMethod,
     MiniteMoEMethod,
 )
@@ -98,6 +99,9 @@ def test_layer_methods_follow_the_recipe(engine):
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj):
             q = _quantized(engine, lin.prefix)
             assert isinstance(lin.quant_method, MiniteLinearMethod) == q == hasattr(lin, "qweight")
+            # the linears left in bf16 run the trainer's batch-invariant linear when the recipe says so
+            invariant = not q and spec.bf16_linears == "invariant"
+            assert isinstance(lin.quant_method, InvariantLinearMethod) == invariant
         ex = layer.mlp.experts.routed_experts
         assert isinstance(ex.quant_method, MiniteMoEMethod)
         assert ex.quant_method.quantized == _quantized(engine, f"model.layers.{i}.mlp.experts")

@@ -57,6 +57,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from minite.nn.linear import linear_invariant
 from minite.nn.router import router_logits_fp32
 from minite.numerics import BLOCK, NVFP4Tensor, dispatch, nvfp4_matmul_ref, quantize
 from minite.numerics.constants import E4M3_DTYPE
@@ -293,6 +294,22 @@ class Fp32RouterLinearMethod(UnquantizedLinearMethod):
     ) -> torch.Tensor:
         logits = router_logits_fp32(x, layer.weight)  # the trainer's router: the same bits at any batch
         return logits if bias is None else logits + bias.float()
+
+
+class InvariantLinearMethod(UnquantizedLinearMethod):
+    """A linear the recipe keeps in bf16 under `NumericsSpec.bf16_linears: invariant`: the trainer's
+    `minite.nn.linear.linear_invariant` (the batch-invariant kernel on CUDA, F.linear on CPU). vLLM's
+    merged projections (qkv_proj) give each output the same dot product as the trainer's separate ones:
+    the kernel's bits do not depend on the tile nor on the column's position. vLLM's CPU repacking of
+    unquantized weights is skipped so the weight stays the plain (N, K) tensor both paths read."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        return
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return linear_invariant(x, layer.weight, bias)
 
 
 # --- MoE experts ---------------------------------------------------------------------------------------

@@ -90,7 +90,11 @@ class MiniteQuantConfig(QuantizationConfig):
                 return methods.Fp32RouterLinearMethod() if n.fp32_router else UnquantizedLinearMethod()
             if self.is_quantized(prefix):
                 return methods.MiniteLinearMethod(n, prefix)
-            return UnquantizedLinearMethod()
+            return (
+                methods.InvariantLinearMethod()
+                if n.bf16_linears == "invariant"
+                else UnquantizedLinearMethod()
+            )
         return None  # embeddings, lm_head, attention (KV cache): vLLM's defaults, high precision
 
 
