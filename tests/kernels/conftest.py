@@ -39,3 +39,12 @@ pytest.importorskip("triton", reason="the kernel tests need triton")
 @pytest.fixture
 def device() -> str:
     return "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every output a kernel wrapper allocates is filled with NaN (float) or 0xFF (integer) before the
+    launch (minite.kernels._triton.POISON), so an element the kernel never writes shows."""
+    from minite.kernels import _triton
+
+    monkeypatch.setattr(_triton, "POISON", 0xFF)

@@ -13,7 +13,6 @@ Outputs are poisoned with NaN before every launch."""
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels.attention import (
     _attention_decode,
     _round_f64_to,
@@ -22,10 +21,7 @@ from minite.kernels.attention import (
 )
 from minite.nn.attention import attention_fp64
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _spread(shape, g):

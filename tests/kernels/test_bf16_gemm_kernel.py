@@ -11,14 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minite.kernels import _triton
 from minite.kernels.bf16_gemm import FEW_ROWS, linear_bf16
 from minite.nn.linear import _LinearBF16
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _data(m, k, n, dtype, seed):

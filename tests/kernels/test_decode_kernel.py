@@ -11,7 +11,6 @@ only (MINITE_KERNEL_TESTS_ON_GPU=1); under the interpreter every config runs the
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels import decode as kdecode
 from minite.kernels.decode import DecodeConfig, decode_split
 from minite.kernels.gemm import GemmConfig, nvfp4_matmul
@@ -25,9 +24,7 @@ SPLIT = DecodeConfig(block_n=16, block_k=64, k_slices=2, split_k=3)
 CONFIGS = {"default": None, "split3": SPLIT}
 
 
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _on(t: NVFP4Tensor, device) -> NVFP4Tensor:

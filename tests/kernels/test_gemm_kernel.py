@@ -9,7 +9,6 @@ Batch invariance is bitwise: row i alone, in a batch, or among other rows gives 
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels.gemm import (
     BATCH_INVARIANT_CONFIG,
     DECODE_CONFIG,
@@ -30,10 +29,7 @@ from minite.numerics import (
 
 from ..numerics.numerics_ref import blocky, gen
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _on(t: NVFP4Tensor, device) -> NVFP4Tensor:

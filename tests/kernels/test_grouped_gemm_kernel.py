@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite.kernels import _triton
 from minite.kernels.gemm import GemmConfig
 from minite.kernels.grouped_gemm import WGRAD_ALIGN, nvfp4_grouped_matmul, nvfp4_grouped_wgrad
 from minite.kernels.moe import (
@@ -34,9 +33,7 @@ SMALL = GemmConfig(16, 32, 32)  # several row tiles per expert at these sizes
 SMALL_SWAP = GemmConfig(16, 32, 32, swap_ab=True)
 
 
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _offsets(counts, device):

@@ -8,14 +8,10 @@ torch's autograd through the reference. Outputs are poisoned with NaN before eve
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels.norm import rms_norm_fp32
 from minite.nn.norm import _RMSNormFP32, rms_norm_fp32_ref
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _x(shape, dtype, seed):

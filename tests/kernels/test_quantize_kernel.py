@@ -31,11 +31,6 @@ def poison_both(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
-
-
 def _same(kern, ref) -> None:
     assert kern.qdata.shape == ref.qdata.shape and kern.scale.shape == ref.scale.shape
     assert kern.global_scale.shape == ref.global_scale.shape, (

@@ -8,14 +8,10 @@ Outputs are poisoned with NaN before every launch."""
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels.rope import rope_fp32, rope_supported
 from minite.nn.attention import RopeTable, apply_rope_fp32_ref
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -10,14 +10,10 @@ to float32 summation tolerance. Outputs are poisoned with NaN before every launc
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels.router import router_logits_fp32
 from minite.nn.router import _RouterLogitsFP32, router_logits_fp32_ref
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _data(m, k, e, hdtype, wdtype, seed):

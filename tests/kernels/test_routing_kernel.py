@@ -9,7 +9,6 @@ are not a multiple of the column block, NaN rows. Outputs are poisoned before ev
 import pytest
 import torch
 
-from minite.kernels import _triton
 from minite.kernels.moe import quant_experts_forward, sort_by_expert
 from minite.kernels.routing import (
     ROUTE_MAX_PAIRS,
@@ -24,10 +23,7 @@ from minite.nn.moe import QuantExperts, grouped_inference_forward
 from ..numerics.numerics_ref import gen
 from .test_grouped_gemm_kernel import NUMERICS, TE_NUMERICS, _Experts
 
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(_triton, "POISON", 0xFF)
+pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
 
 def _ids(t, a, e, g, repeats=False):
