@@ -154,8 +154,7 @@ def linear_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         and weight.dtype == x.dtype
         and dispatch.use_kernels(x, weight)
     ):
-        with torch.autocast(dev, enabled=False):
-            return _LinearBF16.apply(x, weight, bias)
+        return _LinearBF16.apply(x, weight, bias)  # a custom Function: autocast does not recast it
     return F.linear(x, weight, bias)
 
 
