@@ -477,3 +477,96 @@ if HAS_TRITON:
         """s_dec = 1 / s_enc, correctly rounded like torch's reciprocal (the reference's 1.0 / gs)."""
         g = tl.load(gs_ptrs, mask=mask, other=1.0)
         return tl.math.div_rn(tl.full(g.shape, 1.0, tl.float32), g)
+
+    @triton.jit
+    def _gemm_epilogue(
+        acc,
+        rm,
+        rn,
+        mmask,
+        nmask,
+        ags_ptr,
+        bgs_ptr,
+        bias_ptr,
+        out_ptr,
+        stride_om,
+        A_GS_ROW: tl.constexpr,
+        B_GS_ROW: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
+        OUT_BF16: tl.constexpr,
+    ):
+        """out = acc · ACC_SHIFT · s_dec_a · s_dec_b (+ bias), stored in the output dtype."""
+        out = acc * ACC_SHIFT
+        if A_GS_ROW:
+            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
+        else:
+            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
+        if B_GS_ROW:
+            out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
+        else:
+            out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
+        if HAS_BIAS:
+            out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
+
+    @triton.jit
+    def _split_k_store(
+        acc,
+        ws_ptr,
+        stride_ws,
+        lock_ptr,
+        tile,
+        pid_k,
+        N,
+        rm,
+        rn,
+        mmask,
+        nmask,
+        ags_ptr,
+        bgs_ptr,
+        bias_ptr,
+        out_ptr,
+        stride_om,
+        SPLIT_K: tl.constexpr,
+        A_GS_ROW: tl.constexpr,
+        B_GS_ROW: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
+        OUT_BF16: tl.constexpr,
+    ):
+        """Split-K without a second launch. This program's partial tile goes to the workspace
+        ws[pid_k] (SPLIT_K planes stride_ws apart, rows N apart); then it takes a ticket from the
+        tile's counter (atomic add, acq_rel, GPU scope). The program that draws the last ticket adds the
+        SPLIT_K partials in the fixed order 0, 1, ..., applies the epilogue and resets the counter to 0
+        for the next launch (or CUDA-graph replay). The order never depends on which program finishes
+        last: the result is deterministic and the same as a separate reduction kernel's."""
+        offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+        wmask = mmask[:, None] & nmask[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * stride_ws + offs, acc, mask=wmask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            # .cg: read the other programs' partials from L2, past this SM's L1
+            total = tl.load(ws_ptr + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws_ptr + s * stride_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+            _gemm_epilogue(
+                total,
+                rm,
+                rn,
+                mmask,
+                nmask,
+                ags_ptr,
+                bgs_ptr,
+                bias_ptr,
+                out_ptr,
+                stride_om,
+                A_GS_ROW,
+                B_GS_ROW,
+                HAS_BIAS,
+                ACC_SHIFT,
+                OUT_BF16,
+            )
+            tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")

@@ -45,10 +45,10 @@ if HAS_TRITON:
         _DEQUANT_CVT_PTX,
         _DEQUANT_PTX,
         _DEQUANT_SHIFT_PTX,
-        _decode_scale,
         _dequant_half,
         _e4m3_to_f16_x32,
-        _store_out,
+        _gemm_epilogue,
+        _split_k_store,
     )
 
 DECODE_MAX_M = 16  # rows handled by the decode kernel (one MMA row tile)
@@ -112,16 +112,21 @@ def decode_split(n: int, k: int, cfg: DecodeConfig, device_index: int = 0, max_s
 
 
 _LOCKS: dict[tuple[int, int], torch.Tensor] = {}
+# every counter buffer ever handed out stays alive: a CUDA graph captured with a smaller one keeps
+# using it after a larger problem (say the trainer's, beside a captured sampler) replaced it here
+_RETIRED_LOCKS: list[torch.Tensor] = []
 
 
 def _locks(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 counter buffer of at least n entries for this device and stream (the decode
-    kernel returns every counter it uses to 0)."""
+    """A zeroed int32 counter buffer of at least n entries for this device and stream (the split-K
+    kernels return every counter they use to 0)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.index or 0, stream) if device.type == "cuda" else (-1, 0)
     buf = _LOCKS.get(key)
     if buf is None or buf.numel() < n or buf.device != device:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        if buf is not None:
+            _RETIRED_LOCKS.append(buf)
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _LOCKS[key] = buf
     return buf
 
@@ -235,38 +240,6 @@ if HAS_TRITON:
         return acc, smax
 
     @triton.jit
-    def _decode_epilogue(
-        acc,
-        rm,
-        rn,
-        mmask,
-        nmask,
-        ags_ptr,
-        bgs_ptr,
-        bias_ptr,
-        out_ptr,
-        stride_om,
-        A_GS_ROW: tl.constexpr,
-        B_GS_ROW: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
-        OUT_BF16: tl.constexpr,
-    ):
-        out = acc * ACC_SHIFT
-        if A_GS_ROW:
-            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
-        else:
-            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
-        if B_GS_ROW:
-            out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
-        else:
-            out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
-        if HAS_BIAS:
-            out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
-
-    @triton.jit
     def _nvfp4_decode_kernel(
         aq_ptr,
         as_ptr,
@@ -332,7 +305,7 @@ if HAS_TRITON:
                 )
         acc = tl.sum(acc3, axis=0)
         if SPLIT_K == 1:
-            _decode_epilogue(
+            _gemm_epilogue(
                 acc,
                 rm,
                 rn,
@@ -350,33 +323,30 @@ if HAS_TRITON:
                 OUT_BF16,
             )
         else:
-            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-            wmask = mmask[:, None] & nmask[None, :]
-            tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + offs, acc, mask=wmask)
-            tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-            ticket = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT_K - 1:  # the last program of this column tile adds all partials
-                total = tl.load(ws_ptr + offs, mask=wmask, other=0.0, cache_modifier=".cg")
-                for s in tl.static_range(1, SPLIT_K):
-                    total += tl.load(ws_ptr + s * M * N + offs, mask=wmask, other=0.0, cache_modifier=".cg")
-                _decode_epilogue(
-                    total,
-                    rm,
-                    rn,
-                    mmask,
-                    nmask,
-                    ags_ptr,
-                    bgs_ptr,
-                    bias_ptr,
-                    out_ptr,
-                    stride_om,
-                    A_GS_ROW,
-                    B_GS_ROW,
-                    HAS_BIAS,
-                    ACC_SHIFT,
-                    OUT_BF16,
-                )
-                tl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+            _split_k_store(
+                acc,
+                ws_ptr,
+                M * N,  # M <= 16 rows: no overflow
+                lock_ptr,
+                pid_n,
+                pid_k,
+                N,
+                rm,
+                rn,
+                mmask,
+                nmask,
+                ags_ptr,
+                bgs_ptr,
+                bias_ptr,
+                out_ptr,
+                stride_om,
+                SPLIT_K,
+                A_GS_ROW,
+                B_GS_ROW,
+                HAS_BIAS,
+                ACC_SHIFT,
+                OUT_BF16,
+            )
 
 
 def decode_matmul(

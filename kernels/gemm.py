@@ -58,10 +58,16 @@ from ._triton import (
     tl,
     triton,
 )
-from .decode import DECODE_MAX_M, DecodeConfig, decode_matmul
+from .decode import DECODE_MAX_M, DecodeConfig, _locks, decode_matmul
 
 if HAS_TRITON:
-    from ._triton import _decode_scale, _dequant_pair, _e4m3_to_f16_x32, _store_out, _w4a4_mainloop
+    from ._triton import (
+        _dequant_pair,
+        _e4m3_to_f16_x32,
+        _gemm_epilogue,
+        _split_k_store,
+        _w4a4_mainloop,
+    )
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,7 @@ if HAS_TRITON:
         bias_ptr,
         out_ptr,
         ws_ptr,
+        lock_ptr,
         M,
         N,
         K,
@@ -178,6 +185,7 @@ if HAS_TRITON:
         stride_bq,
         stride_bs,
         stride_om,
+        stride_ws,
         A_GS_ROW: tl.constexpr,
         B_GS_ROW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
@@ -234,23 +242,49 @@ if HAS_TRITON:
             NUM_STAGES,
             DEQ,
         )
-        if SPLIT_K > 1:  # partial sums to the workspace (SPLIT_K, M, N); _gemm_epilogue_kernel adds them
-            w_ptrs = ws_ptr + (tl.program_id(1) * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
-            tl.store(w_ptrs, acc, mask=mmask[:, None] & nmask[None, :])
+        if SPLIT_K > 1:  # the last of the tile's SPLIT_K programs adds the partials, in a fixed order
+            _split_k_store(
+                acc,
+                ws_ptr,
+                stride_ws,
+                lock_ptr,
+                pid,
+                tl.program_id(1),
+                N,
+                rm,
+                rn,
+                mmask,
+                nmask,
+                ags_ptr,
+                bgs_ptr,
+                bias_ptr,
+                out_ptr,
+                stride_om,
+                SPLIT_K,
+                A_GS_ROW,
+                B_GS_ROW,
+                HAS_BIAS,
+                ACC_SHIFT,
+                OUT_BF16,
+            )
         else:
-            out = acc * ACC_SHIFT
-            if A_GS_ROW:
-                out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
-            else:
-                out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
-            if B_GS_ROW:
-                out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
-            else:
-                out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
-            if HAS_BIAS:
-                out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-            _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
+            _gemm_epilogue(
+                acc,
+                rm,
+                rn,
+                mmask,
+                nmask,
+                ags_ptr,
+                bgs_ptr,
+                bias_ptr,
+                out_ptr,
+                stride_om,
+                A_GS_ROW,
+                B_GS_ROW,
+                HAS_BIAS,
+                ACC_SHIFT,
+                OUT_BF16,
+            )
 
     @triton.jit
     def _nvfp4_gemm_swapped_kernel(
@@ -338,19 +372,23 @@ if HAS_TRITON:
         acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
         for s in tl.static_range(1, SPLITS):
             acc = acc + tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
-        out = acc * ACC_SHIFT
-        if A_GS_ROW:
-            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
-        else:
-            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
-        if B_GS_ROW:
-            out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
-        else:
-            out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
-        if HAS_BIAS:
-            out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        _store_out(o_ptrs, out, mask, OUT_BF16)
+        _gemm_epilogue(
+            acc,
+            rm,
+            rn,
+            mmask,
+            nmask,
+            ags_ptr,
+            bgs_ptr,
+            bias_ptr,
+            out_ptr,
+            stride_om,
+            A_GS_ROW,
+            B_GS_ROW,
+            HAS_BIAS,
+            ACC_SHIFT,
+            OUT_BF16,
+        )
 
     @triton.jit
     def _dequant_f16_kernel(
@@ -571,10 +609,11 @@ def nvfp4_matmul(
         )
         _launch_epilogue(ws, split, ags, a_row, bgs, b_row, bias, out, m, n)
         return out.reshape(*a.shape[:-1], n)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    lock = _locks(aq.device, tiles) if split > 1 else out
     out_view, out_bf16 = out_arg(out)
-    _nvfp4_gemm_kernel[grid](
+    _nvfp4_gemm_kernel[(tiles, split)](
         aq,
         as_,
         ags,
@@ -584,6 +623,7 @@ def nvfp4_matmul(
         bias if bias is not None else ags,
         out_view,
         ws,
+        lock,
         m,
         n,
         k,
@@ -593,6 +633,7 @@ def nvfp4_matmul(
         bq.stride(0),
         bs_.stride(0),
         out.stride(0),
+        m * n,
         A_GS_ROW=a_row,
         B_GS_ROW=b_row,
         HAS_BIAS=bias is not None,
@@ -610,8 +651,6 @@ def nvfp4_matmul(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split > 1:
-        _launch_epilogue(ws, split, ags, a_row, bgs, b_row, bias, out, m, n)
     return out.reshape(*a.shape[:-1], n)
 
 

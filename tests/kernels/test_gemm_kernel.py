@@ -9,6 +9,7 @@ Batch invariance is bitwise: row i alone, in a batch, or among other rows gives 
 import pytest
 import torch
 
+import minite.kernels.decode as kdecode
 from minite.kernels.gemm import (
     BATCH_INVARIANT_CONFIG,
     DECODE_CONFIG,
@@ -104,16 +105,20 @@ def test_configs_bias_and_out_dtypes(config, out_dtype, device):
 )
 @pytest.mark.parametrize("m", [1, 3, 16, 100], ids=lambda m: f"M{m}")
 def test_split_k(m, k, config, device):
-    """Split-K (the decode configs): partial sums in a workspace, added in a fixed order by the
-    epilogue kernel that applies the scales, the bias and the output cast."""
+    """Split-K (the decode configs): partial sums in a workspace, added in a fixed order (by the last
+    program of each tile; by an epilogue kernel for swap_ab) with the scales, the bias and the output
+    cast. Reruns give the same bits, and every tile counter is back to 0 for the next launch."""
     if config.swap_ab and m > 16:
         pytest.skip("swap_ab configs take at most 16 rows")
     g = gen(m + k)
     a = quantize(blocky((m, k), g), QuantSpec(scope="row"))
     b = quantize(blocky((40, k), g), QuantSpec(scope="row"))
     bias = torch.randn(40, generator=g)
-    out = nvfp4_matmul(_on(a, device), _on(b, device), torch.float32, bias.to(device), config=config)
+    args = (_on(a, device), _on(b, device), torch.float32, bias.to(device))
+    out = nvfp4_matmul(*args, config=config)
     _check(out, a, b, bias)
+    assert torch.equal(nvfp4_matmul(*args, config=config), out)
+    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
 
 
 def test_dequantize_f16_is_exact_and_permutes_k_alike(device):
