@@ -83,6 +83,7 @@ class GemmConfig:
     swap_ab: bool = False  # few rows: compute (B Aᵀ)ᵀ so the weights fill the MMA's 64-row side
     dequant: int = 2  # GPU decoder (_triton._w4a4_mainloop DEQ): 0 float16 scale registers, 1 byte scales by
     # shifts (exact re-run on NaN/negative scales), 2 byte scales by cvt.rn.f16x2.e4m3x2
+    maxnreg: int | None = None  # GPU: cap on registers a thread (more resident programs; ptxas may spill)
 
     def __post_init__(self) -> None:
         if self.block_k % 32 or self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
@@ -93,6 +94,13 @@ class GemmConfig:
             raise ValueError(f"GemmConfig: swap_ab computes 16 activation rows a program, got {self}")
         if self.dequant not in (0, 1, 2):
             raise ValueError(f"GemmConfig: dequant must be 0, 1 or 2, got {self.dequant}")
+
+    def launch_options(self) -> dict[str, int]:
+        """The launch keywords of this config (warps, stages and, when set, the register cap)."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None and not interpret_mode():
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
     def use_asm(self) -> bool:
         return self.asm_dequant and not interpret_mode()
@@ -648,8 +656,7 @@ def nvfp4_matmul(
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
         OUT_BF16=out_bf16,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **cfg.launch_options(),
     )
     return out.reshape(*a.shape[:-1], n)
 

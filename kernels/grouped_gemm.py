@@ -343,8 +343,7 @@ def nvfp4_grouped_matmul(
         NUM_STAGES=cfg.num_stages,
         OUT_BF16=out_bf16,
         SWAP_AB=cfg.swap_ab,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **cfg.launch_options(),
     )
     return out
 

@@ -53,6 +53,7 @@ def grouped(
     token_counts=(1, 16, 64, 256, 512, 1024),
     wide: bool = False,
     swap_sweep: bool = False,
+    regs: bool = False,
 ) -> None:
     e, top = 128, 8
     cands = {
@@ -73,6 +74,15 @@ def grouped(
             **{
                 f"16x{n} w4 s{st} swap": GemmConfig(16, n, 128, num_warps=4, num_stages=st, swap_ab=True)
                 for n, st in ((64, 2), (64, 3), (64, 5), (128, 2), (128, 3))
+            },
+        }
+    if regs:  # the shipped swapped tile with a register cap: more resident programs an SM (ptxas may spill)
+        cands = {
+            "64x128 w4 s4 (GROUPED_FEW_ROWS_CONFIG)": GROUPED_FEW_ROWS_CONFIG,
+            "16x64 w4 s4 swap (GROUPED_SWAP_CONFIG)": GROUPED_SWAP_CONFIG,
+            **{
+                f"16x64 w4 s{st} swap maxnreg {r}": replace(GROUPED_SWAP_CONFIG, num_stages=st, maxnreg=r)
+                for st, r in ((4, 80), (4, 72), (4, 64), (3, 64), (2, 64))
             },
         }
     if wide:  # more wgmma tiles for the batch-invariant few-row case (any wgmma tile keeps the bits)
@@ -110,11 +120,12 @@ def grouped(
             print(f"| {name} | {tokens} | {tokens * top} | {bf16:.1f} | " + " | ".join(cells) + " |")
 
 
-def dense(gen: torch.Generator) -> None:
+def dense(gen: torch.Generator, regs: bool = False) -> None:
     print("\n## dense W4A4 batch-invariant candidates (activation pre-quantized), us; DIFF: bits differ")
+    extra = " | shipped, maxnreg 80 | shipped, maxnreg 64" if regs else ""
     print(
         "| N x K | M | cuBLAS bf16 | shipped 64x64x128 | 64x128x128 | 64x32x128 | 16x64x128 (mma.sync) "
-        "| 16x128x128 swap (wgmma, M <= 16) |"
+        f"| 16x128x128 swap (wgmma, M <= 16){extra} |"
     )
     for n, k in ((4096, 2048), (512, 2048), (2048, 4096)):
         w = torch.randn(n, k, generator=gen).cuda().bfloat16() * 0.02
@@ -127,6 +138,8 @@ def dense(gen: torch.Generator) -> None:
             GemmConfig(16, 64, 128, num_warps=4, num_stages=4, split_k=split),
             GemmConfig(16, 128, 128, num_warps=4, num_stages=4, split_k=split, swap_ab=True),
         ]
+        if regs:
+            cands += [replace(cands[0], maxnreg=80), replace(cands[0], maxnreg=64)]
         for m in (1, 16, 64):
             x = torch.randn(m, k, generator=gen).cuda().bfloat16()
             qx = nvfp4_quantize(x, ROW)
@@ -248,6 +261,7 @@ def main() -> None:
     p.add_argument(
         "--swap-sweep", action="store_true", help="grouped: only swapped tiles of other stages/widths"
     )
+    p.add_argument("--regs", action="store_true", help="the shipped few-row tiles with register caps")
     args = p.parse_args()
     only = set(args.only or ["attention", "train", "grouped", "dense", "norm"])
     print(torch.cuda.get_device_name(), torch.__version__)
@@ -257,9 +271,9 @@ def main() -> None:
     if "train" in only:
         attention_train()
     if "grouped" in only:
-        grouped(gen, args.grouped_tokens, args.wide, args.swap_sweep)
+        grouped(gen, args.grouped_tokens, args.wide, args.swap_sweep, args.regs)
     if "dense" in only:
-        dense(gen)
+        dense(gen, args.regs)
     if "norm" in only:
         norm()
 
