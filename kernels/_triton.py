@@ -512,6 +512,32 @@ if HAS_TRITON:
         _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
 
     @triton.jit
+    def _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask):
+        """Split-K without a second launch, part 1: store this program's partial tile to the workspace
+        plane pid_k (planes stride_ws apart; offs / wmask: the tile's offsets and mask in a plane), then
+        take a ticket from the tile's counter (atomic add, acq_rel, GPU scope). The program that draws
+        ticket SPLIT_K - 1 is the tile's last: it adds the partials (`_split_k_total`), writes the output
+        and returns the counter to 0 (`_split_k_release`) for the next launch or CUDA-graph replay."""
+        tl.store(ws_ptr + pid_k.to(tl.int64) * stride_ws + offs, acc, mask=wmask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        return tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+
+    @triton.jit
+    def _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K: tl.constexpr):
+        """The SPLIT_K partials added in the fixed order 0, 1, ... (never the order the programs
+        finished in): deterministic, and the bits of a program that computes the partials one after
+        the other and adds them alike (`total = 0; total += partial_s`). .cg: read the other programs'
+        partials from L2, past this SM's L1."""
+        total = tl.load(ws_ptr + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):
+            total += tl.load(ws_ptr + s * stride_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+        return total
+
+    @triton.jit
+    def _split_k_release(lock_ptr, tile):
+        tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
     def _split_k_store(
         acc,
         ws_ptr,
@@ -536,22 +562,12 @@ if HAS_TRITON:
         ACC_SHIFT: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
-        """Split-K without a second launch. This program's partial tile goes to the workspace
-        ws[pid_k] (SPLIT_K planes stride_ws apart, rows N apart); then it takes a ticket from the
-        tile's counter (atomic add, acq_rel, GPU scope). The program that draws the last ticket adds the
-        SPLIT_K partials in the fixed order 0, 1, ..., applies the epilogue and resets the counter to 0
-        for the next launch (or CUDA-graph replay). The order never depends on which program finishes
-        last: the result is deterministic and the same as a separate reduction kernel's."""
+        """The W4A4 kernels' split-K: the tile's last program adds the partials and applies the
+        NVFP4 epilogue (`_split_k_ticket`)."""
         offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
         wmask = mmask[:, None] & nmask[None, :]
-        tl.store(ws_ptr + pid_k.to(tl.int64) * stride_ws + offs, acc, mask=wmask)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
-            # .cg: read the other programs' partials from L2, past this SM's L1
-            total = tl.load(ws_ptr + offs, mask=wmask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(ws_ptr + s * stride_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+        if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1:
+            total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
             _gemm_epilogue(
                 total,
                 rm,
@@ -569,4 +585,4 @@ if HAS_TRITON:
                 ACC_SHIFT,
                 OUT_BF16,
             )
-            tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+            _split_k_release(lock_ptr, tile)

@@ -17,9 +17,25 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
+from .decode import _locks
 
 if HAS_TRITON:
-    from ._triton import _store_out
+    from ._triton import _split_k_release, _split_k_ticket, _split_k_total, _store_out
+
+    @triton.jit
+    def _bf16_partial(a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN):
+        """sum over k in [k_lo, k_hi) of A[:, k] B[:, k], float32, one BLOCK_K step after the other."""
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            kmask = ((k0 + rk) < k_hi)[None, :]  # zeros past the range add nothing
+            a = tl.load(a_ptrs + k0, mask=kmask, other=0.0)
+            b = tl.load(b_ptrs + k0, mask=kmask, other=0.0)
+            if WIDEN:  # the interpreter has no bf16 dot (numpy): exact float32 products, its own sum order
+                acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+            else:
+                acc = tl.dot(a, tl.trans(b), acc)
+        return acc
 
     @triton.jit
     def _gemm_bf16_kernel(
@@ -27,12 +43,16 @@ if HAS_TRITON:
         b_ptr,
         bias_ptr,
         out_ptr,
+        ws_ptr,
+        lock_ptr,
         M,
         N,
         K,
+        K_PER_SPLIT,
         stride_am,
         stride_bn,
         stride_om,
+        stride_ws,
         HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -40,33 +60,70 @@ if HAS_TRITON:
         NUM_STAGES: tl.constexpr,
         OUT_BF16: tl.constexpr,
         WIDEN: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        SERIAL: tl.constexpr,
     ):
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        """SPLIT_K K ranges (K_PER_SPLIT each, the last may be short), each summed from zero, added
+        in the order 0, 1, ...: SERIAL, by one program one range after the other (many rows: no
+        workspace); else one program a range and the tile's last program adds them (few rows: the K
+        split puts enough programs on the SMs). Both give the same bits."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         mmask = rm < M
         nmask = rn < N
         a_ptrs = a_ptr + tl.where(mmask, rm, 0).to(tl.int64)[:, None] * stride_am + rk[None, :]
         b_ptrs = b_ptr + tl.where(nmask, rn, 0).to(tl.int64)[:, None] * stride_bn + rk[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            kmask = ((k0 + rk) < K)[None, :]  # zeros past K add nothing
-            a = tl.load(a_ptrs + k0, mask=kmask, other=0.0)
-            b = tl.load(b_ptrs + k0, mask=kmask, other=0.0)
-            if WIDEN:  # the interpreter has no bf16 dot (numpy): exact float32 products, its own sum order
-                acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+        last = True
+        if SERIAL:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                k_lo = s * K_PER_SPLIT
+                k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+                total += _bf16_partial(
+                    a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN
+                )
+        else:
+            pid_k = tl.program_id(2)
+            k_lo = pid_k * K_PER_SPLIT
+            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+            acc = _bf16_partial(a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN)
+            tile = pid_m * tl.num_programs(1) + pid_n
+            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+            wmask = mmask[:, None] & nmask[None, :]
+            last = _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1
+            if last:
+                total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
             else:
-                acc = tl.dot(a, tl.trans(b), acc)
-        if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        _store_out(o_ptrs, acc, mmask[:, None] & nmask[None, :], OUT_BF16)
+                total = acc
+        if last:
+            if HAS_BIAS:
+                total = total + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+            _store_out(o_ptrs, total, mmask[:, None] & nmask[None, :], OUT_BF16)
+            if not SERIAL:
+                _split_k_release(lock_ptr, pid_m * tl.num_programs(1) + pid_n)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): wgmma tiles of one BLOCK_K (the bits do not depend on which)
 FEW_ROWS_CONFIG = (64, 64, 64, 4, 4)
 CONFIG = (128, 128, 64, 8, 3)
 FEW_ROWS = 64
+# K is cut into this many ranges, a function of K alone (never of M: the ranges fix the summation
+# order), each at least 512 long: at decode one program a range (the 64 column tiles of a 4096-wide
+# projection alone leave half the H200's SMs idle and walk K serially), in a trainer's batch one
+# program walks them all.
+MAX_SPLIT, MIN_SPLIT_K = 8, 512
+
+
+def k_split(k: int) -> tuple[int, int]:
+    """(splits, K per split) for a K of k: K per split a multiple of BLOCK_K, no empty split."""
+    bk = FEW_ROWS_CONFIG[2]
+    split = max(1, min(MAX_SPLIT, k // MIN_SPLIT_K))
+    per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    return triton.cdiv(k, per), per
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -93,19 +150,29 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     m = x2.shape[0]
     out = empty((m, n), x.dtype, x.device)
     if m and n:
-        bm, bn, bk, warps, stages = FEW_ROWS_CONFIG if m <= FEW_ROWS else CONFIG
+        few = m <= FEW_ROWS
+        bm, bn, bk, warps, stages = FEW_ROWS_CONFIG if few else CONFIG
+        split, per = k_split(k)
+        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+        multi = few and split > 1
+        ws = empty((split, m, n), torch.float32, x.device) if multi else out
+        lock = _locks(x.device, grid[0] * grid[1]) if multi else out
         out_view, out_bf16 = out_arg(out)
-        _gemm_bf16_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        _gemm_bf16_kernel[(*grid, split if multi else 1)](
             x2,
             w,
             bias if bias is not None else out,
             out_view,
+            ws,
+            lock,
             m,
             n,
             k,
+            per,
             x2.stride(0),
             w.stride(0),
             out.stride(0),
+            m * n,
             HAS_BIAS=bias is not None,
             BLOCK_M=bm,
             BLOCK_N=bn,
@@ -113,10 +180,12 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             NUM_STAGES=stages,
             OUT_BF16=out_bf16,
             WIDEN=interpret_mode(),
+            SPLIT_K=split,
+            SERIAL=not multi,
             num_warps=warps,
             num_stages=stages,
         )
     return out.reshape(*x.shape[:-1], n)
 
 
-__all__ = ["CONFIG", "FEW_ROWS_CONFIG", "linear_bf16"]
+__all__ = ["CONFIG", "FEW_ROWS_CONFIG", "k_split", "linear_bf16"]

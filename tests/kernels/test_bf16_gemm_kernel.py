@@ -3,15 +3,18 @@
 M = 1 / 3 / 64 / 65 / 200 (both tile configs), K = 16 / 48 / 200 and N = 40 / 130 (not multiples of the
 tiles), with and without bias; rows alone against the same rows in a batch that takes the other config
 (bit for bit on the GPU, where every wgmma tile of one BLOCK_K gives the same bits; to float32 summation
-tolerance under the interpreter, whose dot is numpy's); the autograd backward against F.linear's; clear
-errors. Outputs are poisoned with NaN before every launch.
+tolerance under the interpreter, whose dot is numpy's); the K split (one program a K range and an in-kernel
+reduction for few rows, one program walking the ranges for many: the same bits); the autograd backward
+against F.linear's; clear errors. Outputs are poisoned with NaN before every launch.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minite.kernels.bf16_gemm import FEW_ROWS, linear_bf16
+import minite.kernels.bf16_gemm as kbf16
+import minite.kernels.decode as kdecode
+from minite.kernels.bf16_gemm import FEW_ROWS, k_split, linear_bf16
 from minite.nn.linear import _LinearBF16
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
@@ -57,6 +60,41 @@ def test_rows_are_batch_invariant(device):
             assert torch.equal(part, full[rows])
         else:
             _close_to_exact(part, x[rows], w, b)
+
+
+def test_k_split_depends_on_k_alone():
+    """Whole BLOCK_K steps a range, no empty range, at most MAX_SPLIT; Qwen3-30B-A3B's q/k/v (K 2048) in 4
+    ranges, o_proj (K 4096) in 8; short K unsplit."""
+    bk = kbf16.FEW_ROWS_CONFIG[2]
+    assert kbf16.CONFIG[2] == bk  # one K step for both tiles: the ranges' sums are the same
+    for k in (16, 200, 511, 512, 1000, 1536, 2048, 4096, 8192, 12345):
+        split, per = k_split(k)
+        assert 1 <= split <= kbf16.MAX_SPLIT and per % bk == 0
+        assert (split - 1) * per < k <= split * per
+    assert k_split(2048) == (4, 512) and k_split(4096) == (8, 512) and k_split(200)[0] == 1
+
+
+@pytest.mark.parametrize("m", [1, 3, 64, 65, 200])
+def test_k_split_matches_float64_and_batch(m, device, monkeypatch):
+    """With K cut into ranges (MIN_SPLIT_K lowered so small K splits): few rows run one program a range
+    and the tile's last program adds the partials; many rows one program for all ranges. Both match
+    float64 math, rows alone equal the same rows in the other path's batch (bitwise on the GPU), reruns
+    are identical, and every tile counter is back to 0."""
+    monkeypatch.setattr(kbf16, "MIN_SPLIT_K", 64)
+    k, n = 448, 130  # 7 ranges of 64
+    assert k_split(k) == (7, 64)
+    x, w, b = _data(200, k, n, torch.bfloat16, 7)
+    xd, wd, bd = x.to(device), w.to(device), b.to(device)
+    out = linear_bf16(xd[:m], wd, bd)
+    _close_to_exact(out, x[:m], w, b)
+    assert torch.equal(linear_bf16(xd[:m], wd, bd), out)
+    other = linear_bf16(xd, wd, bd)[:m] if m <= FEW_ROWS else linear_bf16(xd[:1], wd, bd)
+    ref = out if m <= FEW_ROWS else out[:1]
+    if device == "cuda":
+        assert torch.equal(other, ref)
+    else:
+        _close_to_exact(other, x[: other.shape[0]], w, b)
+    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
 
 
 def test_leading_dims_and_strided_input(device):
