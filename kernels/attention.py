@@ -1,12 +1,33 @@
-"""The float64 attention core for decode in one kernel: the twin of minite.nn.attention.attention_fp64.
+"""The float64 attention core for decode: the twin of minite.nn.attention.attention_fp64.
 
 Why: the reference runs ~15 torch kernels per layer and converts the whole bf16 KV cache to float64 at
 every decode step. This kernel reads the bf16 cache as it is, one program per (batch row, kv head,
 block of 8 or 16 query rows): the G query heads of a kv head share its keys, so each cached key is read
 by one program, as the reference's grouped matmul does; q·k and e·v run on the fp64 tensor cores
-(tl.dot on float64: DMMA). H200, Hq/Hkv = 32/4, d = 128, one query: 74 us against the reference's
-311 us at B = 64, S = 512; 494 against 1875 us at B = 64, S = 4096; but 369 against 272 us at B = 1,
-S = 4096, where 4 programs walk the whole cache (splitting S over programs would fix that).
+(tl.dot on float64: DMMA). H200, Hq/Hkv = 32/4, d = 128, one query, unsplit: 74 us against the
+reference's 311 us at B = 64, S = 512; 494 against 1875 us at B = 64, S = 4096; but 369 against 272 us
+at B = 1, S = 4096, where 4 programs walk the whole cache.
+
+Split over the cache (flash-decoding style) when there are few programs: `_split_count` picks SPLITS
+from the number of (batch row, kv head, row block) tiles, the cache length and the SM count (about 2
+programs per SM, each split at least 2 key blocks, at most 16 splits; never from a timing), and each
+tile's keys are cut into SPLITS ranges of whole key blocks. Two launches of one kernel, grid (tiles,
+SPLITS):
+
+- phase 1: each program takes the max of the visible logits of its range and stores it (-inf if none);
+- phase 2: each program takes the max of its tile's SPLITS partial maxima (a max is exact in any order,
+  so m is the unsplit kernel's), then Σ e and Σ e·v over its range with e = exp(logit − m), exactly
+  the unsplit kernel's e, and stores the two partial sums. It then takes a ticket from a per-tile
+  counter (atomic add, acq_rel, GPU scope); the program that draws the last ticket adds the SPLITS
+  partials in the fixed order 0, 1, ..., divides, rounds and stores the output, and resets the counter
+  to 0 for the next launch. The counters are minite.kernels.decode's zeroed int32 buffer per (device,
+  stream), the pattern of its split-K GEMM; the sum order never depends on which program finishes last.
+
+SPLITS = 1 runs the whole cache in one program and one launch (PHASE 0), as before the split. The
+split changes only the order of the float64 sums (partial sums, then their sum), a step that is
+order-dependent anyway (below), so the bits stay the reference's under the same condition. SPLITS
+depends on B (through the tile count), so a row's sum order can change with the batch size; its bits
+only with the same ~1e-16 odds.
 
 Arithmetic, step by step the reference's:
 
@@ -22,8 +43,9 @@ Arithmetic, step by step the reference's:
   ulp: the same ~1e-16 class as the sums below). FMA contraction is off, so logit − m is not fused
   with the scale product.
 - denom = Σ e and acc = Σ e·v in float64, out = acc / denom (1 where denom == 0: such a row is 0).
-  These sums are the only order-dependent steps (~1e-16 relative), so the rounded result equals the
-  reference's unless a value lies within ~1e-16 of a rounding boundary of the output dtype.
+  These sums (split: the partial sums and their sum) are the only order-dependent steps (~1e-16
+  relative), so the rounded result equals the reference's unless a value lies within ~1e-16 of a
+  rounding boundary of the output dtype.
 - Rounding: torch converts double to bf16/fp16 through float (c10::BFloat16 and c10::Half are built
   from a float), i.e. float64 -> float32 (RNE) -> 16 bits (RNE); a double rounding that differs from a
   direct one near ties. The kernel does the same: .to(float32), then `_bf16_bits_rne` for bf16 (the
@@ -37,8 +59,26 @@ import struct
 import torch
 
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
+from .decode import _locks, _sm_count
 
 _MAX_ROWS = 64  # G * L beyond this is prefill: the reference (with autograd) is the path there
+# Cache split (see the module docstring): programs for about this many per SM, each split at least this
+# many key blocks (fewer blocks leave the fixed cost of a program, its q load and the partials'
+# traffic, to dominate), at most this many splits (the last program adds them all serially).
+# Not tuned on a GPU yet.
+_PROGRAMS_PER_SM = 2
+_MIN_SPLIT_STEPS = 2
+_MAX_SPLITS = 16
+
+
+def _split_count(tiles: int, steps: int, device_index: int = 0) -> int:
+    """Number of programs the cache of one (batch row, kv head, row block) is split over: enough for
+    ~_PROGRAMS_PER_SM programs per SM over all `tiles`, each with >= _MIN_SPLIT_STEPS of the `steps` key
+    blocks. A function of the shapes and the GPU only (never of a timing): the sums' order is fixed for a
+    given (B, Hkv, G * L, S)."""
+    want = max(1, _PROGRAMS_PER_SM * _sm_count(device_index) // max(tiles, 1))
+    return max(1, min(want, _MAX_SPLITS, steps // _MIN_SPLIT_STEPS))
+
 
 if HAS_TRITON:
     from triton.language.extra import libdevice
@@ -85,15 +125,91 @@ if HAS_TRITON:
             vis = vis & (kv != 0)
         return tl.where(vis, qk, float("-inf")), keys, smask
 
-    @triton.jit(do_not_specialize=["scale_bits"])
+    @triton.jit
+    def _store_result(ptrs, acc, denom, rmask, BF16: tl.constexpr, F64: tl.constexpr):
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        if F64:  # the unrounded result, for the tests
+            tl.store(ptrs, out, mask=rmask[:, None])
+        else:  # as torch's .to() rounds float64 to 16 bits: via float32, round to nearest even twice
+            _store_out(ptrs, out.to(tl.float32), rmask[:, None], BF16)
+
+    @triton.jit
+    def _row_max(
+        q,
+        k_base,
+        keep_row,
+        s_lo,
+        s_hi,
+        S,
+        cols,
+        rmask,
+        scale,
+        sks,
+        sms,
+        HAS_KEEP: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        """(BLOCK_R,) max of the visible logits of keys [s_lo, s_hi), -inf where none is visible."""
+        m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
+        for s0 in range(s_lo, s_hi, BLOCK_S):
+            x, _, _ = _logits(q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S)
+            m = tl.maximum(m, tl.max(x, axis=1))
+        return m
+
+    @triton.jit
+    def _exp_sums(
+        q,
+        k_base,
+        v_base,
+        keep_row,
+        m,
+        s_lo,
+        s_hi,
+        S,
+        cols,
+        rmask,
+        scale,
+        sks,
+        svs,
+        sms,
+        HAS_KEEP: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        D: tl.constexpr,
+        LIBDEVICE: tl.constexpr,
+    ):
+        """Σ e and Σ e·v over keys [s_lo, s_hi) in float64, e = exp(logit − m) (0 where not visible)."""
+        denom = tl.zeros((BLOCK_R,), tl.float64)
+        acc = tl.zeros((BLOCK_R, D), tl.float64)
+        for s0 in range(s_lo, s_hi, BLOCK_S):
+            x, keys, smask = _logits(
+                q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S
+            )
+            if LIBDEVICE:
+                e = libdevice.exp(x - m[:, None])
+            else:
+                e = tl.exp(x - m[:, None])
+            denom += tl.sum(e, axis=1)
+            v = tl.load(v_base + keys[:, None] * svs + cols[None, :], mask=smask[:, None], other=0.0)
+            acc = tl.dot(_f64(e), _f64(v), acc, input_precision="ieee", out_dtype=tl.float64)
+        return denom, acc
+
+    @triton.jit(do_not_specialize=["scale_bits", "SPLITS"])
     def _attention_fp64_decode_kernel(
         q_ptr,
         k_ptr,
         v_ptr,
         keep_ptr,
         o_ptr,
+        m_ws,
+        d_ws,
+        a_ws,
+        cnt_ptr,
         scale_bits,
         S,
+        S_PER,
+        SPLITS,
         HKV,
         sqb,
         sqh,
@@ -117,11 +233,18 @@ if HAS_TRITON:
         BF16: tl.constexpr,
         F64: tl.constexpr,
         LIBDEVICE: tl.constexpr,
+        PHASE: tl.constexpr,
     ):
+        """PHASE 0: the whole cache in one program (both passes, then the output). With the cache split
+        over SPLITS programs (grid axis 2, S_PER keys each, a multiple of BLOCK_S): PHASE 1 stores the
+        partial row maxima to m_ws; PHASE 2 takes their max, stores its partial Σ e and Σ e·v to d_ws
+        and a_ws, and the last program of a (batch row, kv head, row block) to take a ticket adds the
+        partials in split order and writes the output."""
         pid = tl.program_id(0)
         b = (pid // HKV).to(tl.int64)
         kvh = (pid % HKV).to(tl.int64)
-        rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # row r = g * L + l, as the reference
+        r = tl.arange(0, BLOCK_R)
+        rows = tl.program_id(1) * BLOCK_R + r  # row r = g * L + l, as the reference
         rmask = rows < G * L
         h = kvh * G + (rows // L).to(tl.int64)  # query head
         l = (rows % L).to(tl.int64)  # noqa: E741
@@ -132,32 +255,67 @@ if HAS_TRITON:
         v_base = v_ptr + b * svb + kvh * svh
         keep_row = keep_ptr + b * smb + h * smh + l * sml
         scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True)
-
-        m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
-        for s0 in range(0, S, BLOCK_S):
-            x, _, _ = _logits(q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S)
-            m = tl.maximum(m, tl.max(x, axis=1))
-        m = tl.where(tl.abs(m) < float("inf"), m, 0.0)  # no visible key (-inf), or an inf/NaN logit
-
-        denom = tl.zeros((BLOCK_R,), tl.float64)
-        acc = tl.zeros((BLOCK_R, D), tl.float64)
-        for s0 in range(0, S, BLOCK_S):
-            x, keys, smask = _logits(
-                q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S
-            )
-            if LIBDEVICE:
-                e = libdevice.exp(x - m[:, None])
-            else:
-                e = tl.exp(x - m[:, None])
-            denom += tl.sum(e, axis=1)
-            v = tl.load(v_base + keys[:, None] * svs + cols[None, :], mask=smask[:, None], other=0.0)
-            acc = tl.dot(_f64(e), _f64(v), acc, input_precision="ieee", out_dtype=tl.float64)
-        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
         o_off = ((b * (HKV * G) + h[:, None]) * L + l[:, None]) * D + cols[None, :]
-        if F64:  # the unrounded result, for the tests
-            tl.store(o_ptr + o_off, out, mask=rmask[:, None])
-        else:  # as torch's .to() rounds float64 to 16 bits: via float32, round to nearest even twice
-            _store_out(o_ptr + o_off, out.to(tl.float32), rmask[:, None], BF16)
+        # workspace slots of this (batch row, kv head, row block): SPLITS entries of BLOCK_R rows each
+        tile = pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        if PHASE == 0:
+            s_lo = 0
+            s_hi = S
+        else:
+            s_lo = tl.multiple_of(tl.program_id(2) * S_PER, BLOCK_S)  # whole key blocks (the wrapper rounds)
+            s_hi = tl.minimum(s_lo + S_PER, S)
+        slot = (tile * SPLITS + tl.program_id(2)) * BLOCK_R + r
+
+        if PHASE == 2:  # the max over all splits: exact in any order
+            m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
+            for sp in range(0, SPLITS):
+                m = tl.maximum(m, tl.load(m_ws + (tile * SPLITS + sp) * BLOCK_R + r))
+        else:
+            m = _row_max(
+                q, k_base, keep_row, s_lo, s_hi, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_R, BLOCK_S
+            )
+        if PHASE == 1:
+            tl.store(m_ws + slot, m)
+        else:
+            m = tl.where(tl.abs(m) < float("inf"), m, 0.0)  # no visible key (-inf), or an inf/NaN logit
+            denom, acc = _exp_sums(
+                q,
+                k_base,
+                v_base,
+                keep_row,
+                m,
+                s_lo,
+                s_hi,
+                S,
+                cols,
+                rmask,
+                scale,
+                sks,
+                svs,
+                sms,
+                HAS_KEEP,
+                BLOCK_R,
+                BLOCK_S,
+                D,
+                LIBDEVICE,
+            )
+            if PHASE == 0:
+                _store_result(o_ptr + o_off, acc, denom, rmask, BF16, F64)
+            else:
+                tl.store(d_ws + slot, denom)
+                tl.store(a_ws + slot[:, None] * D + cols[None, :], acc)
+                tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+                ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                if ticket == SPLITS - 1:  # the last program of this tile adds the partials in split order
+                    first = tile * SPLITS * BLOCK_R + r
+                    denom = tl.load(d_ws + first, cache_modifier=".cg")
+                    acc = tl.load(a_ws + first[:, None] * D + cols[None, :], cache_modifier=".cg")
+                    for sp in range(1, SPLITS):
+                        at = first + sp * BLOCK_R
+                        denom += tl.load(d_ws + at, cache_modifier=".cg")
+                        acc += tl.load(a_ws + at[:, None] * D + cols[None, :], cache_modifier=".cg")
+                    _store_result(o_ptr + o_off, acc, denom, rmask, BF16, F64)
+                    tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 def _reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None):
@@ -211,8 +369,11 @@ def attention_fp64_decode(
     return _attention_decode(q, k, v, keep, scale, q.dtype)
 
 
-def _attention_decode(q, k, v, keep, scale: float, out_dtype: torch.dtype) -> torch.Tensor:
-    """out_dtype q.dtype, or float64 for the value before the rounding (tests)."""
+def _attention_decode(
+    q, k, v, keep, scale: float, out_dtype: torch.dtype, splits: int | None = None
+) -> torch.Tensor:
+    """out_dtype q.dtype, or float64 for the value before the rounding (tests); splits forces the number
+    of cache splits (tests; rounded down so that none is empty), None takes `_split_count`'s."""
     require_triton("attention_fp64_decode")
     why = _reason(q, k, v, keep)
     if why is not None:
@@ -230,24 +391,47 @@ def _attention_decode(q, k, v, keep, scale: float, out_dtype: torch.dtype) -> to
     # measured on an H200 (B=64, Hq/Hkv=32/4, d=128): 8-row blocks when a kv head has <= 8 query rows
     # (the fp64 MMA takes M=8: no padding to 16), 64 keys a step, 4 warps (8 at d=256: no spills), 2 stages
     block_r = 8 if groups * lq <= 8 else 16
-    _attention_fp64_decode_kernel[(b * hkv, triton.cdiv(groups * lq, block_r))](
+    block_s = min(64, 8192 // d)
+    row_blocks = triton.cdiv(groups * lq, block_r)
+    tiles = b * hkv * row_blocks
+    steps = triton.cdiv(s, block_s)
+    if splits is None:
+        splits = _split_count(tiles, steps, q.device.index or 0)
+    s_per = triton.cdiv(steps, max(1, min(splits, steps))) * block_s if s else block_s
+    splits = triton.cdiv(s, s_per) if s else 1  # whole key blocks per split, none empty
+    if splits > 1:
+        ws = empty((tiles * splits * block_r * (d + 2),), torch.float64, q.device)
+        n = tiles * splits * block_r
+        m_ws, d_ws, a_ws = ws[:n], ws[n : 2 * n], ws[2 * n :]
+        cnt = _locks(q.device, tiles)
+    else:
+        m_ws = d_ws = a_ws = cnt = out_view  # not read
+    args = (
         q,
         k,
         v,
         km if km is not None else q,
         out_view,
+        m_ws,
+        d_ws,
+        a_ws,
+        cnt,
         struct.unpack("<q", struct.pack("<d", float(scale)))[0],
         s,
+        s_per,
+        splits,
         hkv,
         *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],
         *(km.stride() if km is not None else (0,) * 4),
+    )
+    meta = dict(
         G=groups,
         L=lq,
         D=d,
         BLOCK_R=block_r,
-        BLOCK_S=min(64, 8192 // d),
+        BLOCK_S=block_s,
         HAS_KEEP=keep is not None,
         BF16=bf16,
         F64=out_dtype == torch.float64,
@@ -256,6 +440,12 @@ def _attention_decode(q, k, v, keep, scale: float, out_dtype: torch.dtype) -> to
         num_stages=2 if d >= 128 else 3,
         enable_fp_fusion=False,
     )
+    grid = (b * hkv, row_blocks, splits)
+    if splits == 1:
+        _attention_fp64_decode_kernel[grid](*args, PHASE=0, **meta)
+    else:
+        _attention_fp64_decode_kernel[grid](*args, PHASE=1, **meta)
+        _attention_fp64_decode_kernel[grid](*args, PHASE=2, **meta)
     return out
 
 

@@ -197,7 +197,7 @@ def attention_fp64(
     q (B, Hq, L, d); k, v (B, Hkv, S, d) with Hq a multiple of Hkv (query head h reads kv head
     h // (Hq/Hkv)); keep: bool broadcastable to (B, Hq, L, S), True where a query attends, or None
     (all keys). Returns (B, Hq, L, d). Differentiable. On CUDA, for decode (few queries) without
-    autograd, one kernel (minite.kernels.attention) computes the same bits from the bf16 cache.
+    autograd, minite.kernels.attention computes the same bits from the bf16 cache.
     """
     if _attention_kernel_applies(q, k, v, keep):
         from minite.kernels.attention import attention_fp64_decode
@@ -232,12 +232,14 @@ def attention_fp64_ref(
 def _attention_kernel_applies(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
 ) -> bool:
-    """The one-kernel core on CUDA when no gradient is needed and the kernel takes the shapes (decode:
-    few queries per kv head). One program walks a (batch row, kv head)'s whole cache, so with few
-    programs and a long cache the torch ops are faster (H200: B = 1, S = 4096, 4 kv heads: 369 us
-    against 272): the kernel runs while S <= 64 * B * Hkv (measured: S = 512 at B * Hkv = 256: 74 us
-    against 311)."""
-    if not dispatch.use_kernels(q, k, v, keep) or k.shape[2] > 64 * k.shape[0] * k.shape[1]:
+    """The kernel core on CUDA when no gradient is needed and the kernel takes the shapes (decode: few
+    queries per kv head), at any cache length. Before the kernel split the cache over programs, one
+    program walked a (batch row, kv head)'s whole cache and the torch ops were faster with few programs
+    and a long cache (H200: B = 1, S = 4096, 4 kv heads: 369 us against 272), so it only ran while
+    S <= 64 * B * Hkv (S = 512 at B * Hkv = 256: 74 us against 311). With few programs it now splits
+    the cache (minite.kernels.attention), which should remove that case; the split kernel's speed
+    against the torch ops is not measured on a GPU yet."""
+    if not dispatch.use_kernels(q, k, v, keep):
         return False
     from minite.kernels.attention import attention_decode_supported
 

@@ -185,3 +185,115 @@ def test_unsupported_inputs(device):
     assert not attention_decode_supported(qg, k, k, None)
     with torch.no_grad():
         assert attention_decode_supported(qg, k, k, None)
+
+
+# --- the cache split over programs ------------------------------------------------------------------------
+
+
+def _split_keep(b, lq, s):
+    """(B, 1, L, S) for B <= 3: row 0 left-padded past the first 150 slots (a split of 128 or fewer keys
+    sees none), row 1 causal only, row 2 sees nothing; then causal queries."""
+    pad = torch.tensor([150, 0, s])[:b]
+    j = torch.arange(s)
+    causal = j[None, :] <= torch.arange(s - lq, s)[:, None]
+    return ((j[None, :] >= pad[:, None])[:, None, :] & causal[None]).unsqueeze(1)
+
+
+def _bits(x):
+    return x.view(torch.int16) if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def _same_bits(got, ref, what):
+    same = (_bits(got) == _bits(ref)) | (torch.isnan(got) & torch.isnan(ref))
+    if not same.all():
+        diff = (got.double() - ref.double()).abs()[~same]
+        pytest.fail(f"{what}: {int((~same).sum())} of {same.numel()} differ (max |diff| {diff.max():.3g})")
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "lq", "s", "d", "splits", "dtype"),
+    [
+        (3, 8, 2, 1, 300, 16, 3, torch.bfloat16),  # 5 key blocks of 64: splits of 128, 128, 44 keys
+        (3, 4, 1, 2, 257, 16, 5, torch.float16),  # 5 splits, the last one key
+        (2, 2, 2, 1, 300, 16, 8, torch.bfloat16),  # more splits asked than key blocks: 5 of 64
+        (1, 8, 2, 2, 200, 128, 2, torch.bfloat16),
+        (2, 4, 2, 1, 100, 256, 3, torch.bfloat16),  # 32 keys a block: splits of 32, 32, 36
+    ],
+)
+def test_split_equals_reference_and_unsplit(b, hq, hkv, lq, s, d, splits, dtype, device):
+    """Forced cache splits: the 16-bit output equals the reference's and the unsplit kernel's bits, rows
+    with no visible key (also when whole splits see none) are 0, and the float64 value is the reference's
+    to the sums' rounding."""
+    q, k, v = _inputs(b, hq, hkv, lq, s, d, dtype, seed=s + d + splits)
+    keep, scale = _split_keep(b, lq, s), (1.5 * d) ** -0.5
+    ref = attention_fp64(q, k, v, keep, scale)
+    dev = [t.to(device) for t in (q, k, v, keep)]
+    got = _attention_decode(*dev, scale, dtype, splits=splits).cpu()
+    _same_bits(got, ref, "split vs reference")
+    _same_bits(got, _attention_decode(*dev, scale, dtype, splits=1).cpu(), "split vs unsplit")
+    blind = ~keep.any(-1, keepdim=True).expand(b, hq, lq, d)
+    assert (got[blind] == 0).all()
+    qd, kd, vd = q.double(), k.double(), v.double()
+    ref64 = attention_fp64(qd, kd, vd, keep, scale)
+    mag = attention_fp64(qd, kd, vd.abs(), keep, scale)
+    got64 = _attention_decode(*dev, scale, torch.float64, splits=splits).cpu()
+    err = (got64 - ref64).abs() / mag.clamp_min(1e-300)  # a few float64 ulps of the sums (~1e-15 seen)
+    assert err.max() <= 1e-14, float(err.max())
+    assert (got64[blind] == 0).all()
+
+
+def test_split_counters_reset(device):
+    """The last program of each tile returns its ticket counter to 0: a second launch (and one with a
+    different split) gives the same bits, and the counters are 0 afterwards."""
+    from minite.kernels.decode import _locks
+
+    b, hq, hkv, lq, s, d = 2, 24, 2, 2, 330, 16  # G * L = 24 rows: two blocks of 16, 8 tiles
+    q, k, v = _inputs(b, hq, hkv, lq, s, d, torch.bfloat16, seed=21)
+    g = torch.Generator().manual_seed(22)
+    keep = torch.rand(b, hq, lq, s, generator=g) < 0.3
+    dev = [t.to(device) for t in (q, k, v, keep)]
+    first = _attention_decode(*dev, 0.1, torch.bfloat16, splits=6).cpu()  # 6 key blocks of 64
+    for splits in (6, 3):
+        _same_bits(_attention_decode(*dev, 0.1, torch.bfloat16, splits=splits).cpu(), first, "relaunch")
+    assert (_locks(dev[0].device, 64)[:64] == 0).all()
+    _same_bits(first, attention_fp64(q, k, v, keep, 0.1), "split vs reference")
+
+
+def test_split_nan_and_inf(device):
+    """A NaN or infinite logit in one split makes the whole row NaN, as in the reference (the max of the
+    partial maxima is not finite, so m = 0)."""
+    b, hq, hkv, lq, s, d = 2, 4, 2, 1, 200, 16
+    q, k, v = _inputs(b, hq, hkv, lq, s, d, torch.bfloat16, seed=31)
+    k, v = k.clone(), v.clone()
+    keep = torch.ones(b, 1, lq, s, dtype=torch.bool)
+    keep[1, :, :, :70] = False  # batch row 1: the first split (keys 0..63) sees nothing
+    v[0, 0, 150, 5] = float("nan")  # a visible value in the third split: column 5 of kv head 0's rows
+    k[0, 1, 195, 2] = float("nan")  # a visible key in the last split: every element of kv head 1's rows
+    k[1, 0, 20, 0] = float("nan")  # a hidden key
+    k[1, 1, 100, 1] = float("inf")  # an infinite logit in the second split
+    ref = attention_fp64(q, k, v, keep, d**-0.5)
+    dev = [t.to(device) for t in (q, k, v, keep)]
+    got = _attention_decode(*dev, d**-0.5, torch.bfloat16, splits=4).cpu()  # 64, 64, 64 and 8 keys
+    _same_bits(got, ref, "split vs reference")
+    assert torch.isnan(got[0, :2, :, 5]).all() and torch.isnan(got[0, 2:]).all()
+    assert not torch.isnan(got[1, :2]).any()
+
+
+def test_split_count_rule(monkeypatch, device):
+    """SPLITS from the shapes and the SM count: ~2 programs per SM, >= 2 key blocks a split, <= 16; the
+    default path splits a long cache of a single tile (and still equals the reference)."""
+    from minite.kernels import attention as attn
+
+    with monkeypatch.context() as mp:  # not monkeypatch.undo(): that would undo the poison fixture too
+        mp.setattr(attn, "_sm_count", lambda index: 132)  # an H200
+        assert attn._split_count(4, 4096 // 64) == 16  # B = 1, 4 kv heads, S = 4096, d = 128
+        assert attn._split_count(64, 512 // 64) == 4  # B = 16
+        assert attn._split_count(64, 3) == 1
+        assert attn._split_count(256, 4096 // 64) == 1  # B = 64: enough programs already
+        assert attn._split_count(1, 0) == 1
+    q, k, v = _inputs(1, 2, 1, 1, 300, 16, torch.bfloat16, seed=41)
+    assert attn._split_count(1, 5) == 2  # 2 on any GPU with >= 1 SM (4 under the interpreter)
+    dev = [t.to(device) for t in (q, k, v)]
+    got = attention_fp64_decode(*dev, None, 0.25).cpu()
+    _same_bits(got, attention_fp64(q, k, v, None, 0.25), "default split vs reference")
+    _same_bits(got, _attention_decode(*dev, None, 0.25, torch.bfloat16, splits=2).cpu(), "default vs forced")
