@@ -14,7 +14,9 @@ Here every output is reduced in one fixed order whatever the batch: K in chunks 
 float32 products summed by `tl.sum` over a (rows, experts, K) tile whose shape and layout are constants
 (not chosen by M), the chunk sums added in ascending order. A row's logits therefore depend on nothing
 else in the batch, nor on its position in a tile (every (row, expert) line of the tile is reduced by the
-same lanes in the same tree). The operands are read in their own dtype (bf16 activations, fp32 or bf16
+same lanes in the same tree). For few rows (decode) each chunk gets its own program and the tile's last
+program adds the chunk sums, in the same ascending order: the same adds, so the same bits, with 8x the
+programs on the SMs at K = 2048. The operands are read in their own dtype (bf16 activations, fp32 or bf16
 weights) and widened in registers, so no float32 copies are made first. Under the Triton interpreter the
 sum is numpy's (another order): there the result is the reference's up to float32 summation order, as it
 is on the GPU.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+from .decode import _locks
 
 # The tile: constants, because the summation order follows them (never pick them by M). H200, 2048 -> 128
 # experts, us at 1 / 16 / 64 / 8192 rows (scripts/gpu/router_bits.py; torch's fp32 copies + cuBLAS 7.5 /
@@ -35,39 +38,70 @@ from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
 # 12.4 / 12.5 / 16.2 / 1398; (8, 8, 128) 29.1 / 29.5 / 29.6 / 2371; every one batch-invariant. Decode
 # sizes decide; at trainer sizes this costs ~1.4 ms more a layer than cuBLAS (and is right).
 BLOCK_R, BLOCK_E, BLOCK_K, NUM_WARPS = 4, 4, 256, 4
+# At most this many rows, one program a K chunk (and the tile's last program adds the chunk sums in order):
+# at decode the (rows, experts) tiles alone are 32 programs, each walking K = 2048 serially (10.4 us a call
+# for one row on the H200, in the decode profile of 2026-12-01)
+SPREAD_ROWS = 64
 
 if HAS_TRITON:
+    from ._triton import _split_k_release, _split_k_ticket, _split_k_total
 
     @triton.jit
     def _router_logits_kernel(
         h_ptr,
         w_ptr,
         out_ptr,
+        ws_ptr,
+        lock_ptr,
         M,
         E,
         K,
         stride_hm,
         stride_we,
         stride_om,
+        stride_ws,
         BLOCK_R: tl.constexpr,
         BLOCK_E: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        CHUNKS: tl.constexpr,
+        SPREAD: tl.constexpr,
     ):
-        rm = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+        """CHUNKS = cdiv(K, BLOCK_K) chunk sums added in ascending order. SPREAD (few rows): one program
+        a chunk, and the tile's last program adds the chunk sums (the same adds, in the same order, as
+        one program walking the chunks: the same bits)."""
+        pid_m = tl.program_id(0)
+        pid_e = tl.program_id(1)
+        rm = pid_m * BLOCK_R + tl.arange(0, BLOCK_R)
+        re = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         rk = tl.arange(0, BLOCK_K)
         mmask = rm < M
         emask = re < E
         h_ptrs = h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rk[None, :]
         w_ptrs = w_ptr + re.to(tl.int64)[:, None] * stride_we + rk[None, :]
         acc = tl.zeros((BLOCK_R, BLOCK_E), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        if SPREAD:
+            pid_k = tl.program_id(2)
+            k0 = pid_k * BLOCK_K
             kmask = ((k0 + rk) < K)[None, :]
             a = tl.load(h_ptrs + k0, mask=mmask[:, None] & kmask, other=0.0).to(tl.float32)
             b = tl.load(w_ptrs + k0, mask=emask[:, None] & kmask, other=0.0).to(tl.float32)
             acc += tl.sum(a[:, None, :] * b[None, :, :], axis=2)
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
-        tl.store(o_ptrs, acc, mask=mmask[:, None] & emask[None, :])
+            tile = pid_m * tl.num_programs(1) + pid_e
+            offs = rm.to(tl.int64)[:, None] * E + re[None, :]
+            wmask = mmask[:, None] & emask[None, :]
+            if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == CHUNKS - 1:
+                total = _split_k_total(ws_ptr, stride_ws, offs, wmask, CHUNKS)
+                o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
+                tl.store(o_ptrs, total, mask=wmask)
+                _split_k_release(lock_ptr, tile)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                kmask = ((k0 + rk) < K)[None, :]
+                a = tl.load(h_ptrs + k0, mask=mmask[:, None] & kmask, other=0.0).to(tl.float32)
+                b = tl.load(w_ptrs + k0, mask=emask[:, None] & kmask, other=0.0).to(tl.float32)
+                acc += tl.sum(a[:, None, :] * b[None, :, :], axis=2)
+            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
+            tl.store(o_ptrs, acc, mask=mmask[:, None] & emask[None, :])
 
 
 def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -90,19 +124,29 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     m = h2.shape[0]
     out = empty((m, e), torch.float32, h.device)
     if m and e:
-        _router_logits_kernel[(triton.cdiv(m, BLOCK_R), triton.cdiv(e, BLOCK_E))](
+        grid = (triton.cdiv(m, BLOCK_R), triton.cdiv(e, BLOCK_E))
+        chunks = triton.cdiv(k, BLOCK_K)
+        spread = m <= SPREAD_ROWS and chunks > 1
+        ws = empty((chunks, m, e), torch.float32, h.device) if spread else out
+        lock = _locks(h.device, grid[0] * grid[1]) if spread else out
+        _router_logits_kernel[(*grid, chunks if spread else 1)](
             h2,
             w2,
             out,
+            ws,
+            lock,
             m,
             e,
             k,
             h2.stride(0),
             w2.stride(0),
             out.stride(0),
+            m * e,
             BLOCK_R=BLOCK_R,
             BLOCK_E=BLOCK_E,
             BLOCK_K=BLOCK_K,
+            CHUNKS=chunks,
+            SPREAD=spread,
             num_warps=NUM_WARPS,
         )
     return out.reshape(*h.shape[:-1], e)

@@ -10,7 +10,8 @@ to float32 summation tolerance. Outputs are poisoned with NaN before every launc
 import pytest
 import torch
 
-from minite.kernels.router import router_logits_fp32
+import minite.kernels.decode as kdecode
+from minite.kernels.router import BLOCK_K, SPREAD_ROWS, router_logits_fp32
 from minite.nn.router import _RouterLogitsFP32, router_logits_fp32_ref
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
@@ -69,6 +70,22 @@ def test_rows_are_batch_invariant(device):
             assert torch.equal(out, full[rows])
         else:
             _within_fp32_summation(out, h[rows], w)
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, SPREAD_ROWS])
+def test_spread_chunks_give_the_serial_bits(m, device):
+    """Few rows run one program a K chunk and the tile's last program adds the chunk sums in ascending
+    order: the same adds as one program walking the chunks (many rows), hence the same bits, on the GPU
+    and under the interpreter (whose per-chunk sums are the same numpy sums in both paths). Reruns give
+    the same bits and every tile counter is back to 0."""
+    k = 2 * BLOCK_K + 88  # three chunks, the last one short
+    h, w = _data(SPREAD_ROWS + 40, k, 20, torch.bfloat16, torch.float32, 9)
+    hd, wd = h.to(device), w.to(device)
+    few = router_logits_fp32(hd[:m], wd)
+    _within_fp32_summation(few, h[:m], w)
+    assert torch.equal(router_logits_fp32(hd[:m], wd), few)
+    assert torch.equal(router_logits_fp32(hd, wd)[:m], few)  # more than SPREAD_ROWS rows: one program
+    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
 
 
 def test_backward_matches_torch_autograd_of_the_reference(device):
