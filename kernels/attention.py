@@ -20,8 +20,10 @@ SPLITS):
   the unsplit kernel's e, and stores the two partial sums. It then takes a ticket from a per-tile
   counter (atomic add, acq_rel, GPU scope); the program that draws the last ticket adds the SPLITS
   partials in the fixed order 0, 1, ..., divides, rounds and stores the output, and resets the counter
-  to 0 for the next launch. The counters are minite.kernels.decode's zeroed int32 buffer per (device,
-  stream), the pattern of its split-K GEMM; the sum order never depends on which program finishes last.
+  to 0 for the next launch: the split-K GEMMs' ticket helpers (`_triton._split_k_ticket`, `_split_k_release`)
+  and counter buffer (zeroed int32 per device and stream, `decode._locks`); only the sum of the
+  partials is this kernel's own (SPLITS is a run-time argument, so that a growing cache does not compile
+  a kernel per split count). The sum order never depends on which program finishes last.
 
 SPLITS = 1 runs the whole cache in one program and one launch (PHASE 0), as before the split. The
 split changes only the order of the float64 sums (partial sums, then their sum), a step that is
@@ -83,7 +85,7 @@ def _split_count(tiles: int, steps: int, device_index: int = 0) -> int:
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
-    from ._triton import _store_out
+    from ._triton import _split_k_release, _split_k_ticket, _store_out
 
     @triton.jit
     def _round_f64_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr):
@@ -256,26 +258,29 @@ if HAS_TRITON:
         keep_row = keep_ptr + b * smb + h * smh + l * sml
         scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True)
         o_off = ((b * (HKV * G) + h[:, None]) * L + l[:, None]) * D + cols[None, :]
-        # workspace slots of this (batch row, kv head, row block): SPLITS entries of BLOCK_R rows each
+        # the workspaces hold one plane per split, BLOCK_R rows (of D for a_ws) per (batch row, kv head,
+        # row block) tile in a plane
         tile = pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        plane = tl.num_programs(0).to(tl.int64) * tl.num_programs(1) * BLOCK_R
+        row_off = tile * BLOCK_R + r
+        offs = row_off[:, None] * D + cols[None, :]
         if PHASE == 0:
             s_lo = 0
             s_hi = S
         else:
             s_lo = tl.multiple_of(tl.program_id(2) * S_PER, BLOCK_S)  # whole key blocks (the wrapper rounds)
             s_hi = tl.minimum(s_lo + S_PER, S)
-        slot = (tile * SPLITS + tl.program_id(2)) * BLOCK_R + r
 
         if PHASE == 2:  # the max over all splits: exact in any order
             m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
             for sp in range(0, SPLITS):
-                m = tl.maximum(m, tl.load(m_ws + (tile * SPLITS + sp) * BLOCK_R + r))
+                m = tl.maximum(m, tl.load(m_ws + sp * plane + row_off, mask=rmask, other=float("-inf")))
         else:
             m = _row_max(
                 q, k_base, keep_row, s_lo, s_hi, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_R, BLOCK_S
             )
         if PHASE == 1:
-            tl.store(m_ws + slot, m)
+            tl.store(m_ws + tl.program_id(2) * plane + row_off, m, mask=rmask)
         else:
             m = tl.where(tl.abs(m) < float("inf"), m, 0.0)  # no visible key (-inf), or an inf/NaN logit
             denom, acc = _exp_sums(
@@ -302,20 +307,24 @@ if HAS_TRITON:
             if PHASE == 0:
                 _store_result(o_ptr + o_off, acc, denom, rmask, BF16, F64)
             else:
-                tl.store(d_ws + slot, denom)
-                tl.store(a_ws + slot[:, None] * D + cols[None, :], acc)
-                tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-                ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-                if ticket == SPLITS - 1:  # the last program of this tile adds the partials in split order
-                    first = tile * SPLITS * BLOCK_R + r
-                    denom = tl.load(d_ws + first, cache_modifier=".cg")
-                    acc = tl.load(a_ws + first[:, None] * D + cols[None, :], cache_modifier=".cg")
+                split = tl.program_id(2)
+                tl.store(d_ws + split * plane + row_off, denom, mask=rmask)  # before the ticket's barrier
+                wmask = rmask[:, None]
+                ticket = _split_k_ticket(acc, a_ws, plane * D, cnt_ptr, tile, split, offs, wmask)
+                if ticket == SPLITS - 1:  # the tile's last program: the partials added in split order
+                    # `_split_k_total`'s sum, with a run-time SPLITS: a constexpr one would compile a
+                    # kernel for every split count a growing cache passes through
+                    denom = tl.load(d_ws + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
+                    acc = tl.load(a_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
                     for sp in range(1, SPLITS):
-                        at = first + sp * BLOCK_R
-                        denom += tl.load(d_ws + at, cache_modifier=".cg")
-                        acc += tl.load(a_ws + at[:, None] * D + cols[None, :], cache_modifier=".cg")
+                        denom += tl.load(
+                            d_ws + sp * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg"
+                        )
+                        acc += tl.load(
+                            a_ws + sp * plane * D + offs, mask=wmask, other=0.0, cache_modifier=".cg"
+                        )
                     _store_result(o_ptr + o_off, acc, denom, rmask, BF16, F64)
-                    tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+                    _split_k_release(cnt_ptr, tile)
 
 
 def _reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None):
