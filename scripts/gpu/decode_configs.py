@@ -231,24 +231,32 @@ def norm() -> None:
 
 
 def attention() -> None:
-    from minite.kernels.attention import attention_fp64_decode
+    from minite.kernels.attention import _attention_decode, attention_fp64_decode
     from minite.nn.attention import attention_fp64_ref
 
-    print("\n## float64 attention core, decode (one query, 256 cache slots), us")
-    print("| batch | repeat_interleave (previous) | torch float64 ops, grouped | one kernel | bits equal |")
-    for b in (1, 16, 64, 256):
+    print("\n## float64 attention core, decode (one query; 3/4 of the cache slots visible), us")
+    print(
+        "| batch | slots | repeat_interleave (previous) | torch float64 ops, grouped | one kernel, unsplit "
+        "| kernel, cache split (shipped) | bits equal |"
+    )
+    for b, slots in ((1, 256), (16, 256), (64, 256), (256, 256), (1, 4096), (16, 512)):
         q = torch.randn(b, 32, 1, 128, device="cuda").bfloat16()
-        k = torch.randn(b, 4, 256, 128, device="cuda").bfloat16()
-        v = torch.randn(b, 4, 256, 128, device="cuda").bfloat16()
-        keep = torch.zeros(b, 1, 1, 256, dtype=torch.bool, device="cuda")
-        keep[..., :190] = True
+        k = torch.randn(b, 4, slots, 128, device="cuda").bfloat16()
+        v = torch.randn(b, 4, slots, 128, device="cuda").bfloat16()
+        keep = torch.zeros(b, 1, 1, slots, dtype=torch.bool, device="cuda")
+        keep[..., : slots * 3 // 4] = True
         args = (q, k, v, keep, 128**-0.5)
         old = graph_us(lambda args=args: repeat_version(*args), calls=5)
         new = graph_us(lambda args=args: attention_fp64_ref(*args), calls=5)
+        one = graph_us(lambda args=args: _attention_decode(*args, torch.bfloat16, splits=1), calls=5)
         fused = graph_us(lambda args=args: attention_fp64_decode(*args), calls=5)
         ref = attention_fp64_ref(*args)
-        same = torch.equal(repeat_version(*args), ref) and torch.equal(attention_fp64_decode(*args), ref)
-        print(f"| {b} | {old:.1f} | {new:.1f} | {fused:.1f} | {same} |")
+        same = (
+            torch.equal(repeat_version(*args), ref)
+            and torch.equal(attention_fp64_decode(*args), ref)
+            and torch.equal(_attention_decode(*args, torch.bfloat16, splits=1), ref)
+        )
+        print(f"| {b} | {slots} | {old:.1f} | {new:.1f} | {one:.1f} | {fused:.1f} | {same} |")
 
 
 def main() -> None:
