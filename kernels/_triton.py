@@ -345,6 +345,10 @@ if HAS_TRITON:
             hi = _dequant_half(p, s, True, ROWS, HALF_K)
         return lo, hi
 
+    # _k_order on (the shipped order). scripts/gpu/k_order_ab.py sets it to False in a process of its own to
+    # time the plain order; trainer and sampler must run one value (it is part of the summation order).
+    K_ORDER = tl.constexpr(True)
+
     @triton.jit
     def _k_order(x, ROWS: tl.constexpr, HK: tl.constexpr):
         """The order in which the MMA takes K: within every 64 decoded values of a (ROWS, HK) half tile,
@@ -357,7 +361,7 @@ if HAS_TRITON:
         applied to both operands leaves the product's terms unchanged; only the float32 summation order
         follows it, so every kernel whose bits must agree (forward GEMMs, batch-invariant paths) uses
         this one. HK not a multiple of 64: the plain order."""
-        if HK % 64 == 0:
+        if K_ORDER and HK % 64 == 0:
             y = tl.permute(tl.reshape(x, (ROWS, HK // 64, 4, 4, 2, 2)), (0, 1, 3, 4, 2, 5))
             return tl.reshape(y, (ROWS, HK))
         else:

@@ -131,6 +131,12 @@ LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # (scripts/gpu/tile_bits.py, results/bench/decode_h200.md). A 16-row tile at decode (8.6 against 10.5 us
 # at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
 BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
+# Its few-row (decode) twin: the product transposed (swap_ab), the weights on the wgmma's 64-row side and
+# up to 16 activation rows on its N side; still wgmma with the same K ranges, so the same bits. H200, us a
+# call at M = 1 for N x K = 4096x2048 / 512x2048 / 2048x4096, with the K-order permutation of
+# _triton._k_order: 7.7 / 7.2 / 10.6 against 12.8 / 7.2 / 13.8 for the 64x64 tile (cuBLAS bf16 5.7 / 5.4 /
+# 8.4; scripts/gpu/decode_configs.py, results/bench/decode_h200.md session 16).
+BATCH_INVARIANT_FEW_ROWS_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
 # M <= 16: the decode kernel (decode.py) above this many weights, the fused DECODE_CONFIG path at or
@@ -166,7 +172,10 @@ def pick_config(m: int, n: int, k: int, batch_invariant: bool = False, device_in
         return replace(DECODE_CONFIG, split_k=split_for(n, k, DECODE_CONFIG, device_index))
     if batch_invariant or m <= 64:
         cfg = BATCH_INVARIANT_CONFIG if batch_invariant else SMALL_CONFIG
-        return replace(cfg, split_k=min(4, split_for(n, k, cfg, device_index)))
+        split = min(4, split_for(n, k, cfg, device_index))  # from the shared tile: the same K ranges
+        if batch_invariant and m <= BATCH_INVARIANT_FEW_ROWS_CONFIG.block_m:
+            cfg = BATCH_INVARIANT_FEW_ROWS_CONFIG
+        return replace(cfg, split_k=split)
     return LARGE_CONFIG
 
 
@@ -298,9 +307,14 @@ if HAS_TRITON:
     def _nvfp4_gemm_swapped_kernel(
         aq_ptr,
         as_ptr,
+        ags_ptr,
         bq_ptr,
         bs_ptr,
+        bgs_ptr,
+        bias_ptr,
+        out_ptr,
         ws_ptr,
+        lock_ptr,
         M,
         N,
         K,
@@ -309,17 +323,26 @@ if HAS_TRITON:
         stride_as,
         stride_bq,
         stride_bs,
+        stride_om,
+        stride_ws,
+        A_GS_ROW: tl.constexpr,
+        B_GS_ROW: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
         DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        OUT_BF16: tl.constexpr,
     ):
         """Few-row (decode) W4A4: the product computed transposed, accᵀ = B Aᵀ, so the many weight
         rows fill the MMA's M dimension (wgmma, 64 rows a warpgroup) and the few activation rows
-        its N dimension (16). Partial sums of this program's K share go to ws (SPLIT, M, N)."""
+        its N dimension (16): the same products in the same K order as `_nvfp4_gemm_kernel`'s wgmma
+        tiles, hence (on the H200) the same bits. K split over SPLIT_K programs as there."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rm = tl.arange(0, BLOCK_M)
@@ -330,8 +353,12 @@ if HAS_TRITON:
         rb = tl.where(nmask, rn, 0).to(tl.int64)
         kb = tl.arange(0, BLOCK_K // 2)
         ks = tl.arange(0, BLOCK_K // 16)
-        k_lo = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
-        k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        if SPLIT_K == 1:
+            k_lo = 0
+            k_hi = K
+        else:
+            k_lo = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
+            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
         acc_t = _w4a4_mainloop(  # (BLOCK_N, BLOCK_M): weights as the MMA's A operand
             bq_ptr + rb[:, None] * stride_bq + kb[None, :],
             bs_ptr + rb[:, None] * stride_bs + ks[None, :],
@@ -347,8 +374,50 @@ if HAS_TRITON:
             NUM_STAGES,
             DEQ,
         )
-        w_ptrs = ws_ptr + (pid_k * M + rm.to(tl.int64))[None, :] * N + rn[:, None]
-        tl.store(w_ptrs, acc_t, mask=nmask[:, None] & mmask[None, :])
+        acc = tl.trans(acc_t)
+        if SPLIT_K > 1:
+            _split_k_store(
+                acc,
+                ws_ptr,
+                stride_ws,
+                lock_ptr,
+                pid_n,
+                pid_k,
+                N,
+                rm,
+                rn,
+                mmask,
+                nmask,
+                ags_ptr,
+                bgs_ptr,
+                bias_ptr,
+                out_ptr,
+                stride_om,
+                SPLIT_K,
+                A_GS_ROW,
+                B_GS_ROW,
+                HAS_BIAS,
+                ACC_SHIFT,
+                OUT_BF16,
+            )
+        else:
+            _gemm_epilogue(
+                acc,
+                rm,
+                rn,
+                mmask,
+                nmask,
+                ags_ptr,
+                bgs_ptr,
+                bias_ptr,
+                out_ptr,
+                stride_om,
+                A_GS_ROW,
+                B_GS_ROW,
+                HAS_BIAS,
+                ACC_SHIFT,
+                OUT_BF16,
+            )
 
     @triton.jit
     def _gemm_epilogue_kernel(
@@ -587,16 +656,24 @@ def nvfp4_matmul(
     split = cfg.split_k
     k_per = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(k, k_per)  # a split with nothing to add is dropped
+    out_view, out_bf16 = out_arg(out)
     if cfg.swap_ab:
         if m > cfg.block_m:
             raise ValueError(f"nvfp4_matmul: a swap_ab config takes at most {cfg.block_m} rows, got {m}")
-        ws = empty((split, m, n), torch.float32, aq.device)
-        _nvfp4_gemm_swapped_kernel[(triton.cdiv(n, cfg.block_n), split)](
+        tiles = triton.cdiv(n, cfg.block_n)
+        ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
+        lock = _locks(aq.device, tiles) if split > 1 else out
+        _nvfp4_gemm_swapped_kernel[(tiles, split)](
             aq,
             as_,
+            ags,
             bq,
             bs_,
+            bgs,
+            bias if bias is not None else ags,
+            out_view,
             ws,
+            lock,
             m,
             n,
             k,
@@ -605,22 +682,27 @@ def nvfp4_matmul(
             as_.stride(0),
             bq.stride(0),
             bs_.stride(0),
+            out.stride(0),
+            m * n,
+            A_GS_ROW=a_row,
+            B_GS_ROW=b_row,
+            HAS_BIAS=bias is not None,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,
+            ACC_SHIFT=ACC_SHIFT,
             DEQUANT_ASM=cfg.use_asm(),
             DEQ=cfg.deq(),
-            EVEN_K=k % cfg.block_k == 0,
+            EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
             NUM_STAGES=cfg.num_stages,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            SPLIT_K=split,
+            OUT_BF16=out_bf16,
+            **cfg.launch_options(),
         )
-        _launch_epilogue(ws, split, ags, a_row, bgs, b_row, bias, out, m, n)
         return out.reshape(*a.shape[:-1], n)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
     lock = _locks(aq.device, tiles) if split > 1 else out
-    out_view, out_bf16 = out_arg(out)
     _nvfp4_gemm_kernel[(tiles, split)](
         aq,
         as_,
@@ -663,6 +745,7 @@ def nvfp4_matmul(
 
 __all__ = [
     "BATCH_INVARIANT_CONFIG",
+    "BATCH_INVARIANT_FEW_ROWS_CONFIG",
     "CUBLAS_MIN_MNK",
     "DECODE_KERNEL_MIN_NK",
     "DECODE_CONFIG",

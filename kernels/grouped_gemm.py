@@ -53,10 +53,11 @@ GROUPED_FEW_ROWS_FAST_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=
 # Fewest rows, batch-invariant: the product transposed (swap_ab), 64 weight rows on the wgmma's M side
 # and 16 token rows on its N side, so 1-8 rows per expert no longer pad a 64-row MMA. Still wgmma with
 # the same K order: on the H200 its bits equal GROUPED_CONFIG's on inputs with spread block magnitudes
-# (tile_bits.py). H200, 128 experts top-8, us at 1 / 16 / 64 / 256 tokens: gate_up 20.1 / 109.1 / 162.1 /
-# 229.0 against the 64-row tile's 29.0 / 150.0 / 217.6 / 223.9 (bf16 _grouped_mm 31.4 / 180.1 / 263.9 /
-# 261.4); down 10.7 / 62.6 / 92.7 / 133.1 against 13.7 / 84.0 / 119.4 / 124.7 (decode_h200.md, session 15).
-GROUPED_SWAP_CONFIG = GemmConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True)
+# (tile_bits.py). H200, 128 experts top-8, us at 1 / 16 / 64 tokens, with the K-order permutation of
+# _triton._k_order (session 16): gate_up 17.5 / 82.7 / 118.8 for 16x128 against 17.2 / 91.2 / 131.4 for
+# 16x64 (before the permutation 16x64 took 20.1 / 109.1 / 162.1; bf16 _grouped_mm 29.2 / 176.6 / 260.6);
+# down 9.6 / 49.9 / 66.8 against 9.5 / 55.9 / 76.2 (decode_h200.md).
+GROUPED_SWAP_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 SWAP_ROWS_PER_EXPERT = 8  # the swapped 16-token tile up to this many rows per expert on average
 FAST_ROWS_PER_EXPERT = 16  # the 16-row mma.sync tile (not batch-invariant) up to this many
 FEW_ROWS_PER_EXPERT = 32  # the 64-row tile up to this many

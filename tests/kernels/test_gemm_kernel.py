@@ -6,12 +6,15 @@ elementwise with c = 1e-5 (K <= 256). Outputs are poisoned with NaN before the l
 Batch invariance is bitwise: row i alone, in a batch, or among other rows gives the same bits.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 import minite.kernels.decode as kdecode
 from minite.kernels.gemm import (
     BATCH_INVARIANT_CONFIG,
+    BATCH_INVARIANT_FEW_ROWS_CONFIG,
     DECODE_CONFIG,
     GemmConfig,
     dequantize_f16,
@@ -196,7 +199,9 @@ def test_batch_invariant_rows(m, device):
 
 
 def test_pick_config_is_a_function_of_the_shape(monkeypatch):
-    """No autotuning; the batch-invariant config, its K split included, does not depend on M."""
+    """No autotuning. Batch-invariant: the K split (hence each output's summation order) does not depend on
+    M; the tile does (the transposed 16-row tile up to 16 rows, the 64x64 one beyond), every one a wgmma
+    tile of one BLOCK_K."""
     import minite.kernels.gemm as gemm
 
     monkeypatch.setattr(gemm, "_sm_count", lambda index: 132)  # an H200
@@ -206,8 +211,11 @@ def test_pick_config_is_a_function_of_the_shape(monkeypatch):
     assert pick_config(64, 512, 2048).split_k == 4  # 8 column tiles: K split to fill the SMs
     assert pick_config(65, 512, 2048).split_k == 1
     for n, k in ((4096, 4096), (64, 64), (1536, 2048)):
-        cfgs = {pick_config(m, n, k, batch_invariant=True) for m in (1, 3, 16, 100, 4096)}
-        assert len(cfgs) == 1 and cfgs.pop().block_k == BATCH_INVARIANT_CONFIG.block_k
+        cfgs = {m: pick_config(m, n, k, batch_invariant=True) for m in (1, 3, 16, 17, 100, 4096)}
+        assert len({(c.split_k, c.block_k) for c in cfgs.values()}) == 1
+        assert cfgs[1] == cfgs[16] == replace(BATCH_INVARIANT_FEW_ROWS_CONFIG, split_k=cfgs[1].split_k)
+        assert cfgs[17] == cfgs[4096] == replace(BATCH_INVARIANT_CONFIG, split_k=cfgs[1].split_k)
+        assert all(c.swap_ab or c.block_m >= 64 for c in cfgs.values())  # wgmma: 64 rows a warpgroup
 
 
 def test_clear_errors(device):
