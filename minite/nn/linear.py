@@ -17,7 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite.nn.functional import LinearNumerics, SeedSource, _q, qmm, quant_linear, quantize_operand
+from minite.nn.functional import (
+    LinearNumerics,
+    SeedSource,
+    _q,
+    gemm_path,
+    qmm,
+    quant_linear,
+    quantize_operand,
+)
 from minite.numerics import NVFP4Tensor, dispatch
 
 
@@ -203,6 +211,12 @@ def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> l
     x2 = x.reshape(-1, x.shape[-1])
     with torch.autocast(dev, enabled=False):
         qa = _q(x2, n.fprop_act, first.seeds, f"{first.qname}.fprop.a", token_rows=True, gemm=n.gemm)
+        fused = _fused_weight(linears, qa, n.gemm)
+        if fused is not None:  # one GEMM launch for all of them, the same bits (see _fused_weight)
+            out = dispatch.matmul(qa, fused, out_dtype)
+            return [
+                y.reshape(*x.shape[:-1], -1) for y in out.split([lin.out_features for lin in linears], -1)
+            ]
         return [
             qmm(
                 x2,
@@ -219,6 +233,47 @@ def shared_input_projections(x: torch.Tensor, linears: Sequence[nn.Module]) -> l
             ).reshape(*x.shape[:-1], -1)
             for lin in linears
         ]
+
+
+def _fused_weight(linears: Sequence[QuantLinear], qa: NVFP4Tensor, gemm: str) -> NVFP4Tensor | None:
+    """The linears' NVFP4 weights stacked along N (one GEMM instead of one a linear: at decode each W4A4
+    GEMM is a ~7 us launch whatever its N), or None where that could change a bit.
+
+    Stacked only on the W4A4 kernel's batch-invariant path (per-row activation scales, CUDA), where an
+    output column's bits depend on the tile (any wgmma tile gives the same, minite.kernels.gemm) and on the
+    K split, so only when the kernel picks the same K split for the stack as for every linear alone; each
+    row keeps its own global scale (a per-row scale vector, the same value in the epilogue). The stack is
+    cached on the first linear, keyed by the identity of the weights it was built from: a weight update
+    replaces them (the trainer's quantized copies after an optimizer step, the sampler's packed tensors
+    after a sync), which rebuilds it."""
+    qbs = [lin.quantized_weight() for lin in linears]
+    if (
+        qa.spec.scope != "row"
+        or any(q is None or q.spec != qbs[0].spec for q in qbs)
+        or gemm_path(gemm, qa.qdata, qbs[0].qdata) != "fused"
+    ):
+        return None
+    from minite.kernels.gemm import pick_config
+
+    m, k = qa.qdata.shape[0], qa.shape[-1]
+    dev = qa.qdata.device.index or 0
+    ns = [q.qdata.shape[0] for q in qbs]
+    splits = {pick_config(m, n, k, batch_invariant=True, device_index=dev).split_k for n in (*ns, sum(ns))}
+    if len(splits) > 1:
+        return None
+    hit = getattr(linears[0], "_stacked", None)
+    if hit is not None and len(hit[0]) == len(qbs) and all(a is b for a, b in zip(hit[0], qbs, strict=True)):
+        return hit[1]
+    gs = torch.cat([q.global_scale.reshape(-1, 1).expand(q.qdata.shape[0], 1) for q in qbs])
+    stacked = NVFP4Tensor(
+        torch.cat([q.qdata for q in qbs]),
+        torch.cat([q.scale for q in qbs]),
+        gs.contiguous(),
+        qbs[0].spec,
+        qbs[0].orig_dtype,
+    )
+    linears[0]._stacked = (tuple(qbs), stacked)
+    return stacked
 
 
 def _hooked(module: nn.Module) -> bool:
