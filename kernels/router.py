@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, check_device, empty, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
 from .decode import _locks
 
 # The tile: constants, because the summation order follows them (never pick them by M). H200, 2048 -> 128
@@ -44,6 +44,8 @@ BLOCK_R, BLOCK_E, BLOCK_K, NUM_WARPS = 4, 4, 256, 4
 SPREAD_ROWS = 64
 
 if HAS_TRITON:
+    from triton.language.extra import libdevice
+
     from ._triton import _split_k_release, _split_k_ticket, _split_k_total
 
     @triton.jit
@@ -103,6 +105,61 @@ if HAS_TRITON:
             o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
             tl.store(o_ptrs, acc, mask=mmask[:, None] & emask[None, :])
 
+    @triton.jit
+    def _route_topk_kernel(
+        x_ptr,
+        v_ptr,
+        i_ptr,
+        M,
+        E,
+        stride_x,
+        stride_v,
+        stride_i,
+        K: tl.constexpr,
+        K_POW2: tl.constexpr,
+        E_POW2: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        NORMALIZE: tl.constexpr,
+        LIBDEVICE: tl.constexpr,
+    ):
+        """Per row: p = softmax(x) in float32, the K largest p in descending order with ties to the lowest
+        index (a stable descending sort's first K), optionally divided by their sum."""
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, E_POW2)
+        rmask = rows < M
+        cmask = cols < E
+        x = tl.load(
+            x_ptr + rows.to(tl.int64)[:, None] * stride_x + cols[None, :],
+            mask=rmask[:, None] & cmask[None, :],
+            other=float("-inf"),
+        ).to(tl.float32)
+        m = tl.max(x, axis=1)
+        if LIBDEVICE:
+            e = libdevice.exp(x - m[:, None])
+        else:
+            e = tl.exp(x - m[:, None])
+        e = tl.where(cmask[None, :], e, 0.0)
+        p = tl.math.div_rn(e, tl.sum(e, axis=1)[:, None])
+        # p >= 0 (or NaN, which sorts first as in torch.sort): its bits order like its values; the low
+        # word makes ties pick the lowest index, and every key is distinct
+        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_POW2 - 1 - cols).to(tl.int64)[None, :]
+        key = tl.where(cmask[None, :], key, -1)
+        slot = tl.arange(0, K_POW2)
+        top_v = tl.zeros((BLOCK_R, K_POW2), tl.float32)
+        top_i = tl.zeros((BLOCK_R, K_POW2), tl.int64)
+        for j in tl.static_range(K):
+            best = tl.max(key, axis=1)
+            key = tl.where(key == best[:, None], -1, key)
+            val = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            idx = E_POW2 - 1 - (best & 0xFFFFFFFF)
+            top_v = tl.where(slot[None, :] == j, val[:, None], top_v)
+            top_i = tl.where(slot[None, :] == j, idx[:, None], top_i)
+        if NORMALIZE:
+            top_v = tl.math.div_rn(top_v, tl.sum(top_v, axis=1)[:, None])
+        smask = rmask[:, None] & (slot < K)[None, :]
+        tl.store(v_ptr + rows.to(tl.int64)[:, None] * stride_v + slot[None, :], top_v, mask=smask)
+        tl.store(i_ptr + rows.to(tl.int64)[:, None] * stride_i + slot[None, :], top_i, mask=smask)
+
 
 def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h (..., K) float, w (E, K) float -> float32 (..., E): h · wᵀ summed in one order for every batch
@@ -152,4 +209,45 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out.reshape(*h.shape[:-1], e)
 
 
-__all__ = ["router_logits_fp32"]
+# rows a program of the routing kernel (a constant: each row's reductions follow the tile, never M)
+ROUTE_BLOCK_R, ROUTE_MAX_EXPERTS = 4, 1024
+
+
+def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (M, E) float -> (weights float32 (M, k), expert ids int64 (M, k)): softmax over the experts in
+    float32, the k most probable in descending order with ties to the lowest id (a stable descending
+    sort's first k), divided by their sum when `normalize`. One launch for what torch runs as softmax,
+    sort, slice, sum and divide (~10 us a decode step per MoE layer on the H200); every row's result
+    depends on that row alone."""
+    require_triton("route_topk")
+    if logits.ndim != 2 or not logits.dtype.is_floating_point:
+        raise ValueError(f"route_topk: logits must be float (M, E), got {logits.dtype} {tuple(logits.shape)}")
+    m, e = logits.shape
+    if not 1 <= k <= e or e > ROUTE_MAX_EXPERTS:
+        raise ValueError(f"route_topk: need 1 <= k <= E <= {ROUTE_MAX_EXPERTS}, got k={k}, E={e}")
+    check_device("route_topk", logits)
+    x = logits if logits.stride(-1) == 1 else logits.contiguous()
+    vals = empty((m, k), torch.float32, x.device)
+    ids = empty((m, k), torch.int64, x.device)
+    if m:
+        _route_topk_kernel[(triton.cdiv(m, ROUTE_BLOCK_R),)](
+            x,
+            vals,
+            ids,
+            m,
+            e,
+            x.stride(0),
+            vals.stride(0),
+            ids.stride(0),
+            K=k,
+            K_POW2=triton.next_power_of_2(k),
+            E_POW2=triton.next_power_of_2(e),
+            BLOCK_R=ROUTE_BLOCK_R,
+            NORMALIZE=normalize,
+            LIBDEVICE=not interpret_mode(),
+            num_warps=4,
+        )
+    return vals, ids
+
+
+__all__ = ["route_topk", "router_logits_fp32"]

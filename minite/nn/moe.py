@@ -34,7 +34,7 @@ from minite.nn.functional import (
 )
 from minite.nn.linear import WeightQuantCache
 from minite.nn.norm import rms_norm_fp32
-from minite.nn.router import router_logits_fp32
+from minite.nn.router import route_topk, router_logits_fp32
 from minite.numerics import NVFP4Tensor, dispatch
 
 # where minite.kernels.moe caches the experts' stacked NVFP4 weights on a module (cleared by
@@ -260,17 +260,10 @@ class AlignedRouter(nn.Module):
             logits = router_logits_fp32(h, self.weight)  # one summation order for every batch size
         else:
             logits = F.linear(h, self.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        if self.deterministic:
-            order = torch.sort(probs, dim=-1, descending=True, stable=True)
-            top_v, top_i = order.values[:, : self.top_k], order.indices[:, : self.top_k]
-        else:
-            top_v, top_i = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            top_v = top_v / top_v.sum(dim=-1, keepdim=True)
+        top_v, top_i = route_topk(logits, self.top_k, self.norm_topk_prob, self.deterministic)
         if self.record:
             self.last_topk = top_i.detach().clone()
-            self.last_probs = probs.detach().clone()
+            self.last_probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.float32)
         return logits, top_v.to(logits.dtype), top_i
 
 

@@ -1,6 +1,8 @@
-"""The fp32 router logits of `NumericsSpec.fp32_router`, one function for every engine.
+"""The fp32 router logits of `NumericsSpec.fp32_router` and the top-k routing of
+`NumericsSpec.deterministic_topk`, one function each for every engine.
 
     logits = float32(h) · float32(w)ᵀ
+    weights, ids = top-k of softmax(logits) (float32; ties to the lowest expert id), renormalized
 
 The trainer evaluates the router over whole sequences, the sampler over a few decode rows; a GEMM whose
 summation order follows the number of rows (cuBLAS's float32 GEMM splits K at decode sizes) gives one
@@ -54,4 +56,58 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return router_logits_fp32_ref(h, w)
 
 
-__all__ = ["router_logits_fp32", "router_logits_fp32_ref"]
+def route_topk_ref(
+    logits: torch.Tensor, k: int, normalize: bool, deterministic: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' Qwen3-MoE routing in float32: softmax over the experts, the k most probable (with
+    `deterministic`, a stable descending sort: tied experts in id order), divided by their sum when
+    `normalize`. -> (weights float32 (M, k), ids int64 (M, k))."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    if deterministic:
+        order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        vals, ids = order.values[:, :k], order.indices[:, :k]
+    else:
+        vals, ids = torch.topk(probs, k, dim=-1)
+    if normalize:
+        vals = vals / vals.sum(dim=-1, keepdim=True)
+    return vals, ids
+
+
+class _RouteTopK(torch.autograd.Function):
+    """The routing kernel's forward; the backward differentiates the reference's softmax -> gather ->
+    renormalize at the chosen ids (torch ops, float32)."""
+
+    @staticmethod
+    def forward(ctx, logits, k, normalize):  # noqa: D102
+        from minite.kernels.router import route_topk as kernel
+
+        vals, ids = kernel(logits, k, normalize)
+        ctx.save_for_backward(logits, ids)
+        ctx.normalize = normalize
+        ctx.mark_non_differentiable(ids)
+        return vals, ids
+
+    @staticmethod
+    def backward(ctx, g_vals, g_ids):  # noqa: D102
+        logits, ids = ctx.saved_tensors
+        with torch.enable_grad():
+            x = logits.detach().requires_grad_()
+            vals = torch.softmax(x, dim=-1, dtype=torch.float32).gather(-1, ids)
+            if ctx.normalize:
+                vals = vals / vals.sum(dim=-1, keepdim=True)
+            (g,) = torch.autograd.grad(vals, x, g_vals)
+        return g, None, None
+
+
+def route_topk(
+    logits: torch.Tensor, k: int, normalize: bool, deterministic: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_topk_ref`, in one kernel (minite.kernels.router.route_topk) on CUDA for deterministic
+    routing of 2-D logits: the trainer and every sampler call this, so on a GPU they all route with the
+    kernel's float32 bits (which may differ from torch's softmax in the last place)."""
+    if deterministic and logits.ndim == 2 and logits.shape[-1] <= 1024 and dispatch.use_kernels(logits):
+        return _RouteTopK.apply(logits, k, normalize)
+    return route_topk_ref(logits, k, normalize, deterministic)
+
+
+__all__ = ["route_topk", "route_topk_ref", "router_logits_fp32", "router_logits_fp32_ref"]

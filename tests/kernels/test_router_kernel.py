@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import minite.kernels.decode as kdecode
-from minite.kernels.router import BLOCK_K, SPREAD_ROWS, router_logits_fp32
-from minite.nn.router import _RouterLogitsFP32, router_logits_fp32_ref
+from minite.kernels.router import BLOCK_K, SPREAD_ROWS, route_topk, router_logits_fp32
+from minite.nn.router import _RouterLogitsFP32, _RouteTopK, route_topk_ref, router_logits_fp32_ref
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
@@ -109,3 +109,62 @@ def test_empty_batch_and_clear_errors(device):
         router_logits_fp32(torch.ones(2, 16, device=device), w)
     with pytest.raises(TypeError, match="float operands"):
         router_logits_fp32(torch.ones(2, 32, dtype=torch.int32, device=device), w)
+
+
+# --- routing: softmax -> top-k -> renormalize in one kernel ------------------------------------------------
+
+
+def _logits(m, e, seed):
+    return torch.randn(m, e, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["renorm", "raw"])
+@pytest.mark.parametrize(("m", "e", "k"), [(1, 128, 8), (5, 128, 8), (33, 20, 3), (7, 6, 6)])
+def test_route_topk_matches_the_stable_sort(m, e, k, normalize, device):
+    """The torch reference's ids (a stable descending sort's first k) and its weights to float32
+    rounding; rows alone give the same bits as in the batch."""
+    x = _logits(m, e, m * e + k)
+    vals, ids = route_topk(x.to(device), k, normalize)
+    ref_v, ref_i = route_topk_ref(x, k, normalize)
+    assert vals.dtype == torch.float32 and ids.dtype == torch.int64 and vals.shape == ids.shape == (m, k)
+    assert torch.equal(ids.cpu(), ref_i)
+    assert torch.allclose(vals.cpu(), ref_v, rtol=2e-6, atol=1e-9)
+    for r in sorted({0, m - 1}):
+        v1, i1 = route_topk(x[r : r + 1].to(device), k, normalize)
+        assert torch.equal(v1, vals[r : r + 1]) and torch.equal(i1, ids[r : r + 1])
+
+
+def test_route_topk_ties_nan_and_masked_experts(device):
+    x = torch.zeros(4, 16)
+    x[0, [3, 5, 9, 12]] = 2.0  # four equal winners, then twelve equal losers: ids in ascending order
+    x[1, 7] = float("nan")  # softmax all NaN: torch's sort keeps id order
+    x[2, :] = float("-inf")
+    x[2, [1, 4]] = 0.5  # two experts visible, k = 4: the others follow in id order at probability 0
+    x[3] = torch.arange(16.0)  # strictly increasing: the last experts win
+    vals, ids = route_topk(x.to(device), 4, False)
+    ref_v, ref_i = route_topk_ref(x, 4, False)
+    assert torch.equal(ids.cpu(), ref_i)
+    assert ids[0].tolist() == [3, 5, 9, 12] and ids[1].tolist() == [0, 1, 2, 3]
+    assert ids[2].tolist() == [1, 4, 0, 2] and ids[3].tolist() == [15, 14, 13, 12]
+    assert torch.isnan(vals[1]).all() and torch.equal(vals[2, 2:].cpu(), torch.zeros(2))
+    assert torch.allclose(vals[[0, 2, 3]].cpu(), ref_v[[0, 2, 3]], rtol=2e-6, atol=0)
+
+
+def test_route_topk_backward_matches_the_reference(device):
+    x = _logits(6, 24, 3)
+    g = torch.randn(6, 4, generator=torch.Generator().manual_seed(4))
+    xk = x.clone().to(device).requires_grad_()
+    vals, ids = _RouteTopK.apply(xk, 4, True)
+    vals.backward(g.to(device))
+    xr = x.clone().requires_grad_()
+    ref_v, ref_i = route_topk_ref(xr, 4, True)
+    ref_v.backward(g)
+    assert torch.equal(ids.cpu(), ref_i) and not ids.requires_grad
+    assert torch.allclose(xk.grad.cpu(), xr.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_route_topk_clear_errors(device):
+    with pytest.raises(ValueError, match="1 <= k <= E"):
+        route_topk(torch.zeros(2, 4, device=device), 5, True)
+    with pytest.raises(ValueError, match="float"):
+        route_topk(torch.zeros(4, device=device), 2, True)

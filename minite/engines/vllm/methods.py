@@ -58,7 +58,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.utils import set_weight_attrs
 
 from minite.nn.linear import linear_invariant
-from minite.nn.router import router_logits_fp32
+from minite.nn.router import route_topk, router_logits_fp32
 from minite.numerics import BLOCK, NVFP4Tensor, dispatch, nvfp4_matmul_ref, quantize
 from minite.numerics.constants import E4M3_DTYPE
 from minite.recipes import NumericsSpec
@@ -427,16 +427,9 @@ class MiniteMoEMethod(FusedMoEMethodBase):
         `deterministic_topk` (a stable descending sort keeps equal probabilities in id order)."""
         if layer.scoring_func != "softmax":
             raise NotImplementedError(f"{self.prefix}: scoring_func {layer.scoring_func!r}")
-        probs = torch.softmax(router_logits.float(), dim=-1)
-        k = layer.top_k
-        if self.numerics.deterministic_topk:
-            vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
-            vals, ids = vals[:, :k], ids[:, :k]
-        else:
-            vals, ids = torch.topk(probs, k, dim=-1)
-        if layer.renormalize:
-            vals = vals / vals.sum(dim=-1, keepdim=True)
-        return vals, ids
+        # the function the trainer's AlignedRouter calls: on a GPU the same kernel, hence the same bits
+        det = self.numerics.deterministic_topk
+        return route_topk(router_logits.float(), layer.top_k, layer.renormalize, det)
 
     # execution ------------------------------------------------------------------------------------------
 
