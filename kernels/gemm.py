@@ -12,10 +12,10 @@ saves interleaving the nibbles.
 
 Configs are fixed functions of the shape (no autotuning: a run must not pick another summation order
 because a timing came out differently):
-- decode (M <= 16): above DECODE_KERNEL_MIN_NK weights (or with method="decode") the dedicated
+- decode (M <= 16): from DECODE_KERNEL_MIN_NK weights (or with method="decode") the dedicated
   kernel of decode.py (one launch, K sliced over warps, split-K reduced in-kernel in a fixed order);
-  at or below it this kernel with DECODE_CONFIG (BLOCK_M = 16 mma.sync, K split over programs by
-  `split_for`, partial sums added by the epilogue kernel), which measured as fast there. `swap_ab`
+  below it this kernel with DECODE_CONFIG (BLOCK_M = 16 mma.sync, K split over programs by
+  `split_for`, the tile's last program adding the partial sums). `swap_ab`
   computes the transposed product instead (weights on the wgmma's 64-row side); it measured slower
   on the H200 and is kept as an option.
 - decoders (GemmConfig.dequant, GPU): 2 (default) passes the raw E4M3 scale bytes into the PTX,
@@ -114,8 +114,9 @@ class GemmConfig:
 # decode, M=16, activation pre-quantized, CUDA graph: this config with split 4 ran N=K=4096 in 14.0 us
 # and N=K=8192 in 37.8 us (cuBLAS bf16: 13.5 / 33.5 us); the swap_ab variant 16x128x128 split 8 took
 # 16.1 / 43.2 us, with split 16 38.2 us at 4096.
-# Since 2026-11-30 (second H200 run) the auto path uses it for M <= 16 at N*K <= DECODE_KERNEL_MIN_NK
-# only, with the float16-scale decoder it was measured with there (13.74 / 14.00 us at N=K=4096).
+# Since 2026-11-30 (second H200 run) the auto path uses it for M <= 16 below DECODE_KERNEL_MIN_NK only,
+# with the float16-scale decoder it was measured with there (13.74 / 14.00 us at N=K=4096; 19.7 / 20.2 us
+# on 2026-12-01 with its partial sums added in-kernel and the K-order permutation).
 DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
 # 17-64 rows: the tiles along N alone leave most SMs idle (N / 128 programs, 4 at N = 512), so K is split
 # as in the batch-invariant config. H200, M = 64, this tile with split <= 4: 13.1 / 10.0 / 14.5 us at N x K
@@ -139,10 +140,11 @@ BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 BATCH_INVARIANT_FEW_ROWS_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
-# M <= 16: the decode kernel (decode.py) above this many weights, the fused DECODE_CONFIG path at or
-# below. H200, CUDA graph (results/bench/kernels_h200.json): N=K=4096 decode kernel 15.74 / 13.85 us
-# (M=1 / 16), fused split-4 path 13.74 / 14.00 us; N=K=8192 decode kernel 32.84 / 29.42 us, fused
-# 37.07 / 37.65 us. Both are deterministic and independent of M.
+# M <= 16: the decode kernel (decode.py) from this many weights, the fused DECODE_CONFIG path below.
+# H200, CUDA graph, us at M = 1 / 16 (results/bench/kernels_h200_s17.json, 2026-12-01): N=K=4096 decode
+# kernel 15.9 / 14.0, fused split-4 path 19.7 / 20.2; N=K=8192 decode kernel 34.1 / 29.8, fused 61.2 /
+# 63.2. (On 2026-11-30 the fused path had been the faster at 4096: 13.74 / 14.00 against 15.74 / 13.85.)
+# Both are deterministic and independent of M. Smaller weights were not timed against each other.
 DECODE_KERNEL_MIN_NK = 4096 * 4096
 
 
@@ -604,7 +606,7 @@ def nvfp4_matmul(
       problems because cuBLAS's warp-specialized mainloop outruns the fused kernel there;
     - "decode": the few-row kernel of decode.py (M <= 16): one launch, weights streamed once, K
       split with a deterministic in-kernel reduction (`decode_config` overrides its config);
-    - "auto": "decode" for M <= 16 and N*K > DECODE_KERNEL_MIN_NK, "cublas" for problems of at least
+    - "auto": "decode" for M <= 16 and N*K >= DECODE_KERNEL_MIN_NK, "cublas" for problems of at least
       CUBLAS_MIN_MNK multiply-adds, else "fused", when not batch-invariant and no config is given.
       batch_invariant=True always runs the fused kernel with its fixed config (cuBLAS picks its
       algorithm by shape, and the decode kernel's MMA shape differs from the large-M one)."""
@@ -635,7 +637,7 @@ def nvfp4_matmul(
     if method == "auto":
         big = m * n * k >= CUBLAS_MIN_MNK and config is None and not batch_invariant
         method = "cublas" if big and aq.is_cuda and _mm_fp32_out_ok(dev_index) else "fused"
-        if m <= DECODE_MAX_M and config is None and not batch_invariant and n * k > DECODE_KERNEL_MIN_NK:
+        if m <= DECODE_MAX_M and config is None and not batch_invariant and n * k >= DECODE_KERNEL_MIN_NK:
             method = "decode"
     if method == "decode":
         if batch_invariant:

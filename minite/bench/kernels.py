@@ -732,7 +732,7 @@ def bench_decode(l2: int, sweep: bool) -> tuple[list[Row], dict[str, float]]:
             ms = sweep_ms[f"M={m} N=K={nk} default"]
             dcfg = kdec.DECODE_KERNEL_CONFIG
             auto = bench_graph(lambda w, x=qx: nvfp4_matmul(x, w, torch.bfloat16), [(w,) for w in qws])
-            routed = "decode kernel" if nk * nk > DECODE_KERNEL_MIN_NK else "fused DECODE_CONFIG split-K"
+            routed = "decode kernel" if nk * nk >= DECODE_KERNEL_MIN_NK else "fused DECODE_CONFIG split-K"
             rows.append(
                 Row(
                     "decode",
@@ -778,7 +778,7 @@ def bench_decode(l2: int, sweep: bool) -> tuple[list[Row], dict[str, float]]:
             rows.append(
                 Row(
                     "decode",
-                    "W4A4 GEMM, previous default (fused 16x64x256 split 4 + epilogue kernel)",
+                    "W4A4 GEMM, fused DECODE_CONFIG 16x64x256 split 4 (auto path below DECODE_KERNEL_MIN_NK)",
                     f"M={m} N=K={nk}",
                     prev,
                     base,

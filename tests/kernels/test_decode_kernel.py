@@ -76,7 +76,7 @@ def test_decode_bias_out_dtypes_and_auto_routing(cfg, out_dtype, monkeypatch, de
     out = _decode(a, b, out_dtype, bias, CONFIGS[cfg])
     assert out.dtype == out_dtype
     _check(out, a_ref, b_ref, bias_ref)
-    if cfg == "default":  # auto: the fused path at or below DECODE_KERNEL_MIN_NK weights, else decode
+    if cfg == "default":  # auto: the fused path below DECODE_KERNEL_MIN_NK weights, else decode
         assert torch.equal(
             nvfp4_matmul(a, b, out_dtype, bias), nvfp4_matmul(a, b, out_dtype, bias, method="fused")
         )
