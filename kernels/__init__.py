@@ -10,6 +10,8 @@
     moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
     norm.py          fp32 RMSNorm in one pass, batch invariant    <- minite.nn.norm.rms_norm_fp32_ref
     rope.py          fp32 RoPE in one pass, the same bits         <- minite.nn.attention.apply_rope_fp32_ref
+    qk_norm_rope.py  q/k fp32 norm + RoPE (+ the KV-cache write) in one launch, the bits of norm.py
+                     then rope.py                                 <- AlignedAttention._inputs
     attention.py     float64 attention core for decode, one kernel <- minite.nn.attention.attention_fp64
     routing.py       MoE routing (expert sort) and the ordered combine at decode sizes, one kernel each
                                                                   <- route_by_expert_ref, combine_routed_ref

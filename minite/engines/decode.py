@@ -54,6 +54,20 @@ class StaticKVCache(Cache):
         self.v[layer_idx].index_copy_(2, idx, value_states)
         return self.k[layer_idx], self.v[layer_idx]
 
+    def fused_write_target(self, layer_idx: int, key_states, value_states):
+        """(k buffer, v buffer, write_pos) for an attention that writes this step's keys/values itself
+        (minite.nn.attention's fused q/k path: the slots written are write_pos + l, as `update` writes
+        them), or None if these states do not fit the buffers (then it calls `update`)."""
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        # states (B, L, Hkv, d) against buffers (B, Hkv, S, d)
+        b, seq, hkv, d = key_states.shape
+        fits = (b, hkv, d) == (k.shape[0], k.shape[1], k.shape[3]) and key_states.dtype == k.dtype
+        if not fits or value_states.shape != key_states.shape or value_states.dtype != v.dtype:
+            return None
+        if layer_idx == 0:
+            self._idx = None  # a later layer that calls `update` computes this step's slots afresh
+        return k, v, self.write_pos
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
 

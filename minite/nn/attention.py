@@ -130,8 +130,9 @@ class RopeTable:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(base, head_dim, config.max_position_embeddings)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (..., rotary_dim/2) in `dtype` for integer `positions` (...)."""
+    def device_table(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The (max_positions, rotary_dim) [cos | sin] table in `dtype` on `positions`' device, after
+        checking the positions against it (on the host, except while a CUDA graph is captured)."""
         key = (positions.device, dtype)
         table = self._by_key.get(key)
         if table is None:
@@ -141,7 +142,11 @@ class RopeTable:
             raise IndexError(
                 f"RoPE position {int(positions.max())} >= max_position_embeddings {self.max_positions}"
             )
-        cs = table[positions.long()]
+        return table
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., rotary_dim/2) in `dtype` for integer `positions` (...)."""
+        cs = self.device_table(positions, dtype)[positions.long()]
         return cs.chunk(2, dim=-1)
 
 
@@ -237,8 +242,8 @@ def _attention_kernel_applies(
     program walked a (batch row, kv head)'s whole cache and the torch ops were faster with few programs
     and a long cache (H200: B = 1, S = 4096, 4 kv heads: 369 us against 272), so it only ran while
     S <= 64 * B * Hkv (S = 512 at B * Hkv = 256: 74 us against 311). With few programs it now splits
-    the cache (minite.kernels.attention), which should remove that case; the split kernel's speed
-    against the torch ops is not measured on a GPU yet."""
+    the cache (minite.kernels.attention): H200, B = 1, S = 4096: 34.5 us against 109.5 for the torch
+    ops (results/bench/decode_h200.md, session 16), bits equal to the reference."""
     if not dispatch.use_kernels(q, k, v, keep):
         return False
     from minite.kernels.attention import attention_decode_supported
@@ -311,21 +316,9 @@ class AlignedAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"rope={self.rope}, attention={self.attention}"
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None,
-        past_key_values: Any = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        q, k, v = shared_input_projections(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
-        q = self.q_norm(q.view(hidden_shape))  # (B, L, Hq, d)
-        k = self.k_norm(k.view(hidden_shape))  # (B, L, Hkv, d)
-        v = v.view(hidden_shape)
-
+    def _inputs(self, q, k, v, position_embeddings, past_key_values, **kwargs):
+        """q/k norm, RoPE and the cache update, op by op: (B, L, H, d) in, heads-first out."""
+        q, k = self.q_norm(q), self.k_norm(k)
         if self.rope == "fp32":
             pos = kwargs.get("position_ids")
             if pos is None:
@@ -339,9 +332,62 @@ class AlignedAttention(nn.Module):
             cos, sin = position_embeddings
             q, k = self._hf_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)  # (B, Hkv, L, d)
-
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
+        return q, k, v
+
+    def _fused_inputs(self, q, k, v, pos, past_key_values):
+        """`_inputs` in one kernel launch (minite.kernels.qk_norm_rope, the same bits) where it applies:
+        fp32 RoPE and fp32 q/k norms on CUDA, nothing needing a gradient, no hooks on the norms, and a
+        cache that is absent or hands out its buffers (`fused_write_target`: the built-in sampler's
+        StaticKVCache). None elsewhere."""
+        from minite.nn.linear import _hooked
+        from minite.nn.moe import FP32RMSNorm
+
+        qn, kn = self.q_norm, self.k_norm
+        if self.rope != "fp32" or pos is None or not all(isinstance(n, FP32RMSNorm) for n in (qn, kn)):
+            return None
+        if not dispatch.use_kernels(q, k, v, qn.weight, kn.weight) or _hooked(qn) or _hooked(kn):
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, qn.weight, kn.weight)):
+            return None
+        from minite.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_supported
+
+        if not qk_norm_rope_supported(q, k, qn.weight, kn.weight):
+            return None
+        target = None
+        if past_key_values is not None:
+            get = getattr(past_key_values, "fused_write_target", None)
+            target = get(self.layer_idx, k, v) if get is not None else None
+            if target is None:
+                return None
+        pos = pos.expand(q.shape[0], -1)
+        table = self.table.device_table(pos, q.dtype)
+        args = (q, k, qn.weight, kn.weight, qn.variance_epsilon, kn.variance_epsilon, table, pos)
+        if target is None:
+            qo, ko = qk_norm_rope(*args)
+            return qo.transpose(1, 2), ko.transpose(1, 2), v.transpose(1, 2)
+        k_cache, v_cache, slot = target
+        qo, _ = qk_norm_rope(*args, v=v, k_cache=k_cache, v_cache=v_cache, slot=slot)
+        return qo.transpose(1, 2), k_cache, v_cache
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        past_key_values: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        q, k, v = shared_input_projections(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)  # (B, L, H, d)
+        fused = self._fused_inputs(q, k, v, kwargs.get("position_ids"), past_key_values)
+        if fused is not None:  # one launch, the same bits as `_inputs` (minite.kernels.qk_norm_rope)
+            q, k, v = fused
+        else:
+            q, k, v = self._inputs(q, k, v, position_embeddings, past_key_values, **kwargs)
 
         if self.attention == "fp64":
             keep = keep_from_hf_mask(attention_mask, q.shape[-2], k.shape[-2], q.device)

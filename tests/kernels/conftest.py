@@ -24,6 +24,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         "minite.kernels.moe",
         "minite.kernels.norm",
         "minite.kernels.rope",
+        "minite.kernels.qk_norm_rope",
         "minite.kernels.routing",
         "minite.kernels.attention",
         "minite.kernels.router",
