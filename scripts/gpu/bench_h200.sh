@@ -25,13 +25,14 @@ rollout() {
     --batch-sizes 1 16 64 256 --prompt-len 128 --max-new-tokens 128 --warmup 1 --iters 2 --max-seconds 3 \
     --eager-steps 4 --recipes bf16 minite te_nvfp4 --out "$OUT/rollout_h200.json" > "$OUT/rollout_h200.log" 2>&1
 }
-checks() {  # the GEMM paths and alignment, then the one-kernel twins (norm, RoPE, routing, attention,
-  # router, bf16 GEMM) on the GPU
+checks() {  # the GEMM paths and alignment, then the one-kernel twins (norm, RoPE, q/k norm + RoPE,
+  # routing, attention, router, bf16 GEMM, stacked q/k/v) on the GPU
   timeout "$1" python3 scripts/gpu/check_paths.py > "$OUT/check_paths_h200.log" 2>&1
   MINITE_KERNEL_TESTS_ON_GPU=1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_norm_kernel.py tests/kernels/test_rope_kernel.py tests/kernels/test_routing_kernel.py \
     tests/kernels/test_attention_kernel.py tests/kernels/test_router_kernel.py \
-    tests/kernels/test_bf16_gemm_kernel.py >> "$OUT/check_paths_h200.log" 2>&1
+    tests/kernels/test_bf16_gemm_kernel.py tests/kernels/test_qk_norm_rope_kernel.py \
+    tests/kernels/test_stacked_projections.py >> "$OUT/check_paths_h200.log" 2>&1
 }
 if [ "$NGPU" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=1; rollout $((END - SECONDS - 40)); checks $((END - SECONDS))) &
