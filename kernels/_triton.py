@@ -564,7 +564,7 @@ if HAS_TRITON:
         tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _split_k_store(
+    def _store_tile(
         acc,
         ws_ptr,
         stride_ws,
@@ -588,14 +588,11 @@ if HAS_TRITON:
         ACC_SHIFT: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
-        """The W4A4 kernels' split-K: the tile's last program adds the partials and applies the
-        NVFP4 epilogue (`_split_k_ticket`)."""
-        offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-        wmask = mmask[:, None] & nmask[None, :]
-        if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1:
-            total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
+        """A W4A4 kernel's output tile: the NVFP4 epilogue on `acc`, or with SPLIT_K > 1 on the sum of
+        the tile's partials, added by its last program in a fixed order (`_split_k_ticket`)."""
+        if SPLIT_K == 1:
             _gemm_epilogue(
-                total,
+                acc,
                 rm,
                 rn,
                 mmask,
@@ -611,4 +608,26 @@ if HAS_TRITON:
                 ACC_SHIFT,
                 OUT_BF16,
             )
-            _split_k_release(lock_ptr, tile)
+        else:
+            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+            wmask = mmask[:, None] & nmask[None, :]
+            if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1:
+                total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
+                _gemm_epilogue(
+                    total,
+                    rm,
+                    rn,
+                    mmask,
+                    nmask,
+                    ags_ptr,
+                    bgs_ptr,
+                    bias_ptr,
+                    out_ptr,
+                    stride_om,
+                    A_GS_ROW,
+                    B_GS_ROW,
+                    HAS_BIAS,
+                    ACC_SHIFT,
+                    OUT_BF16,
+                )
+                _split_k_release(lock_ptr, tile)

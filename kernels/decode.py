@@ -47,8 +47,7 @@ if HAS_TRITON:
         _DEQUANT_SHIFT_PTX,
         _dequant_half,
         _e4m3_to_f16_x32,
-        _gemm_epilogue,
-        _split_k_store,
+        _store_tile,
     )
 
 DECODE_MAX_M = 16  # rows handled by the decode kernel (one MMA row tile)
@@ -304,49 +303,30 @@ if HAS_TRITON:
                     a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, KS, EVEN_K, NUM_STAGES, 0, ASM
                 )
         acc = tl.sum(acc3, axis=0)
-        if SPLIT_K == 1:
-            _gemm_epilogue(
-                acc,
-                rm,
-                rn,
-                mmask,
-                nmask,
-                ags_ptr,
-                bgs_ptr,
-                bias_ptr,
-                out_ptr,
-                stride_om,
-                A_GS_ROW,
-                B_GS_ROW,
-                HAS_BIAS,
-                ACC_SHIFT,
-                OUT_BF16,
-            )
-        else:
-            _split_k_store(
-                acc,
-                ws_ptr,
-                M * N,  # M <= 16 rows: no overflow
-                lock_ptr,
-                pid_n,
-                pid_k,
-                N,
-                rm,
-                rn,
-                mmask,
-                nmask,
-                ags_ptr,
-                bgs_ptr,
-                bias_ptr,
-                out_ptr,
-                stride_om,
-                SPLIT_K,
-                A_GS_ROW,
-                B_GS_ROW,
-                HAS_BIAS,
-                ACC_SHIFT,
-                OUT_BF16,
-            )
+        _store_tile(
+            acc,
+            ws_ptr,
+            M * N,  # M <= 16 rows: no overflow
+            lock_ptr,
+            pid_n,
+            pid_k,
+            N,
+            rm,
+            rn,
+            mmask,
+            nmask,
+            ags_ptr,
+            bgs_ptr,
+            bias_ptr,
+            out_ptr,
+            stride_om,
+            SPLIT_K,
+            A_GS_ROW,
+            B_GS_ROW,
+            HAS_BIAS,
+            ACC_SHIFT,
+            OUT_BF16,
+        )
 
 
 def decode_matmul(
