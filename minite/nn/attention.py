@@ -281,6 +281,20 @@ def keep_from_hf_mask(
 # --- transformers side ---------------------------------------------------------------------------------
 
 
+class UnusedRotaryEmbedding(nn.Module):
+    """Stands in for transformers' rotary embedding when every layer applies fp32 RoPE from its own table
+    (rope="fp32"): the model would still compute cos/sin each forward (a matmul, cos, sin, a concatenation,
+    casts: ~10 us of a decode step on the H200) for layers that ignore them. Returns None in their place;
+    the original module stays as `.original` (its buffers, for whoever reads them)."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.original = original
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None, **kwargs: Any) -> None:
+        return None
+
+
 class AlignedAttention(nn.Module):
     """transformers' Qwen3-MoE attention (q/k norm on the head dim, RoPE, GQA core, o_proj) with the
     recipe's `rope` and `attention` numerics; "native" runs transformers' own op for that step.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minite.nn.attention import AlignedAttention, RopeTable
+from minite.nn.attention import AlignedAttention, RopeTable, UnusedRotaryEmbedding
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.linear import InvariantLinear, QuantLinear
 from minite.nn.moe import GROUPED_CACHE_ATTR, AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
@@ -105,9 +105,11 @@ def apply_numerics(model: nn.Module, spec: NumericsSpec, seed: int = 0) -> SeedS
             experts = getattr(layer.mlp, "experts", None)
             if experts is not None and not isinstance(experts, QuantExperts | GroupedExperts):
                 layer.mlp.experts = GroupedExperts(experts)
+    inner = getattr(model, "model", model)
     if spec.fp32_norm:
-        inner = getattr(model, "model", model)
         inner.norm = FP32RMSNorm(inner.norm)
+    if spec.rope == "fp32" and hasattr(inner, "rotary_emb"):  # every layer rotates from `table` itself
+        inner.rotary_emb = UnusedRotaryEmbedding(inner.rotary_emb)
     model._minite_numerics = spec
     model._minite_seeds = seeds
     return seeds

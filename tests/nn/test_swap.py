@@ -1,5 +1,6 @@
 import torch
 
+from minite.models.tiny import build_tiny_model
 from minite.nn import AlignedRouter, FP32RMSNorm, QuantExperts, QuantLinear, apply_numerics, quantized_modules
 from minite.numerics import quantize
 from minite.recipes import BF16, MINITE, TE_NVFP4
@@ -107,3 +108,22 @@ def test_bf16_linears_invariant_wraps_only_the_linears_left_in_bf16(tiny_model):
     assert torch.equal(linear_invariant(x, w), F.linear(x, w))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the operands take the autocast dtype, as F.linear's
         assert linear_invariant(x.float(), last.o_proj.weight).dtype == torch.bfloat16
+
+
+def test_fp32_rope_skips_transformers_rotary_and_keeps_the_logits(tiny_model):
+    """rope='fp32': the model no longer computes transformers' cos/sin (no layer reads them); putting the
+    original rotary module back gives the same logits, bit for bit."""
+    from minite.nn.attention import UnusedRotaryEmbedding
+
+    apply_numerics(tiny_model, MINITE.trainer)
+    inner = tiny_model.model
+    assert isinstance(inner.rotary_emb, UnusedRotaryEmbedding)
+    ids = torch.randint(3, tiny_model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        skipped = tiny_model(input_ids=ids).logits
+        inner.rotary_emb = inner.rotary_emb.original
+        computed = tiny_model(input_ids=ids).logits
+    assert torch.equal(skipped, computed)
+    bf16 = build_tiny_model(seed=0)
+    apply_numerics(bf16, BF16.trainer)
+    assert not isinstance(bf16.model.rotary_emb, UnusedRotaryEmbedding)  # native RoPE reads them
