@@ -312,6 +312,7 @@ if HAS_TRITON:
     @triton.jit
     def _nvfp4_quant1x16_kernel(
         x_ptr,
+        src_ptr,
         q_ptr,
         s_ptr,
         gs_ptr,
@@ -319,6 +320,7 @@ if HAS_TRITON:
         amax_ptr,
         R,
         NB,
+        src_rows,
         stride_xb,
         stride_xr,
         stride_gs_r,
@@ -326,6 +328,7 @@ if HAS_TRITON:
         GS_MODE: tl.constexpr,  # 0 one scalar, 1 one per row, 3 computed here per row (tile = whole row)
         FLAVOR: tl.constexpr,
         POW2: tl.constexpr,
+        GATHER: tl.constexpr,  # row r of the problem is row src_ptr[r] of x (an index outside x: NaN)
         BLOCK_R: tl.constexpr,
         BLOCK_NB: tl.constexpr,
         F8_MAX: tl.constexpr,
@@ -346,15 +349,24 @@ if HAS_TRITON:
         rmask = rows < R
         bmask = rmask[:, None] & (blocks < NB)[None, :]
         mask = bmask[:, :, None]
+        if GATHER:
+            src = tl.load(src_ptr + rows, mask=rmask, other=0).to(tl.int64)
+            bad_src = (src < 0) | (src >= src_rows)
+            src = tl.where(bad_src, 0, src)
+        else:
+            src = rows.to(tl.int64)
         base = (
             x_ptr
             + pid_b * stride_xb
-            + rows.to(tl.int64)[:, None, None] * stride_xr
+            + src[:, None, None] * stride_xr
             + (blocks * 16)[None, :, None]
             + tl.arange(0, 8)[None, None, :]
         )
         x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
         x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
+        if GATHER:
+            x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
+            x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
         bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
         bad = (bamax != bamax) | (bamax == float("inf"))
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
@@ -437,6 +449,15 @@ def _tile(c: int, tile16: bool, single_row_tile: bool, rht: bool = False) -> tup
     return block_r, block_c, num_warps
 
 
+def _gathered(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x[rows] (the copy the in-kernel gather avoids), with the fast path's NaN rows for bad indices."""
+    if x.shape[0] == 0:
+        return x.new_full((rows.numel(), x.shape[1]), float("nan"))
+    ok = (rows >= 0) & (rows < x.shape[0])
+    out = x[torch.where(ok, rows, 0)]
+    return torch.where(ok[:, None], out, torch.full_like(out, float("nan")))
+
+
 class _Problem:
     """The logical batch of (R, C) matrices a quantize call works on: x (B, R, C) through strides."""
 
@@ -456,6 +477,13 @@ class _Problem:
             self.stride_b, self.stride_r, self.stride_c = x3.stride()
         self.x = x3
         self.c_valid = self.c
+        self.rows: torch.Tensor | None = None  # with_rows: the problem's rows are these rows of x
+        self.src_rows = self.r
+
+    def with_rows(self, rows: torch.Tensor) -> _Problem:
+        """The problem whose row i is row rows[i] of this one's (2-D x; read by the 1x16 fast path)."""
+        self.rows, self.src_rows, self.r = rows, self.r, rows.numel()
+        return self
 
 
 # the 1x16 row-major fast path (_nvfp4_quant1x16_kernel); False runs the general kernel everywhere
@@ -520,6 +548,7 @@ def _launch_fast(
             gs_out = empty((b, r), torch.float32, dev)
     _nvfp4_quant1x16_kernel[grid](
         prob.x,
+        prob.rows if prob.rows is not None else dummy,
         q.view(torch.int32) if q is not None else dummy,
         s if s is not None else dummy,
         gs if gs is not None else dummy,
@@ -527,6 +556,7 @@ def _launch_fast(
         amax if amax is not None else dummy,
         r,
         nb,
+        prob.src_rows,
         prob.stride_b,
         prob.stride_r,
         stride_gs_r,
@@ -534,6 +564,7 @@ def _launch_fast(
         GS_MODE=gs_mode,
         FLAVOR=_FLAVOR_ID[spec.flavor],
         POW2=spec.pow2_global,
+        GATHER=prob.rows is not None,
         BLOCK_R=block_r,
         BLOCK_NB=block_nb,
         num_warps=num_warps,
@@ -559,6 +590,8 @@ def _launch(
 ):
     """Run the kernel; returns (q (B, R, C/2), scale bytes (B, R, C/16), in-kernel s_enc (B, R),
     amax partials (B, n_col_tiles, R) or (B, R, C/16))."""
+    if prob.rows is not None and not _fast_ok(prob, spec, mode, gs_mode, colmap, amax_per_block):
+        prob = _Problem(_gathered(prob.x[0], prob.rows), transpose=False)  # only the fast path gathers
     if _fast_ok(prob, spec, mode, gs_mode, colmap, amax_per_block):
         return _launch_fast(
             prob,
@@ -702,27 +735,40 @@ def nvfp4_quantize(
     transpose: bool = False,
     name: str = "tensor",
     check_finite: bool = False,
+    rows: torch.Tensor | None = None,
 ) -> NVFP4Tensor:
     """The kernel twin of minite.numerics.quantize (same arguments and result layout).
 
     transpose=True quantizes xᵀ (x 2-D (M, K) -> K rows of M) along the rows of x, as
     `quantize(x.T.contiguous(), spec)` does, without the copy. Stochastic rounding takes `seed` (or
     the initial seed of `generator`); its draws are Philox's, not torch's (see the module docstring).
+    rows (1-D integers, x 2-D): quantize `x[rows]`; the 1x16 fast path reads those rows in place (no
+    gathered copy, one launch fewer), where an index outside x gives a NaN row instead of an error (no
+    host check: CUDA-graph safe); every other path gathers first.
     """
     require_triton("nvfp4_quantize")
     spec = spec or QuantSpec()
     if transpose and isinstance(x, torch.Tensor) and x.ndim != 2:
         raise ValueError(f"{name}: transpose=True needs a 2-D tensor, got shape {tuple(x.shape)}")
+    if rows is not None and (transpose or x.ndim != 2 or rows.ndim != 1 or rows.dtype.is_floating_point):
+        raise ValueError(
+            f"{name}: rows must be 1-D integers indexing the rows of a 2-D x (no transpose), got rows "
+            f"{rows.dtype} {tuple(rows.shape)} for x {tuple(x.shape)}"
+        )
     check_quantizable(x.T if transpose else x, spec.block, name)
     x = _as_input(x)
-    check_device("nvfp4_quantize", x)
+    check_device("nvfp4_quantize", x, rows)
     if (spec.scope == "static") != (amax is not None):
         raise ValueError(f"{name}: amax must be given exactly when scope is 'static' (scope={spec.scope!r})")
     seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
+    if rows is not None and (check_finite or spec.scope != "row"):
+        x, rows = _gathered(x, rows), None  # the amax passes and the finiteness check read x itself
     if check_finite:
         _raise_non_finite(x, name)
     prob = _Problem(x, transpose)
-    lead = (x.shape[1],) if transpose else tuple(x.shape[:-1])
+    if rows is not None:
+        prob = prob.with_rows(rows if rows.stride(0) == 1 else rows.contiguous())
+    lead = (x.shape[1],) if transpose else (prob.r,) if rows is not None else tuple(x.shape[:-1])
     q, s, gs = _quantize_problem(prob, spec, amax=amax, seed=seed_i, name=name, gs_lead=lead, scalar_gs=True)
     q = q.reshape(*lead, prob.c // 2)
     s = s.view(E4M3_DTYPE).reshape(*lead, prob.c // BLOCK)
@@ -766,17 +812,20 @@ def nvfp4_quantize_grouped(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     name: str = "tensor",
+    rows: torch.Tensor | None = None,
 ) -> NVFP4Tensor:
     """Rows of x (T, K) sorted by expert (`offsets` (E+1,)), each expert's rows quantized as one tensor:
     row for row what `quantize(x[offsets[e]:offsets[e+1]], spec)` gives. With the row scope that is
-    plain per-row quantization; with the tensor scope the amax is per expert. global_scale is (T, 1)."""
+    plain per-row quantization; with the tensor scope the amax is per expert. global_scale is (T, 1).
+    rows: the same for x[rows] (the row scope reads them in place, see `nvfp4_quantize`)."""
     require_triton("nvfp4_quantize_grouped")
     spec = spec or QuantSpec()
     if spec.scope != "tensor":
         if spec.scope == "static":
             raise ValueError(f"{name}: nvfp4_quantize_grouped takes the tensor or row scope")
-        t = nvfp4_quantize(x, spec, seed=seed, generator=generator, name=name)
-        return t
+        return nvfp4_quantize(x, spec, seed=seed, generator=generator, name=name, rows=rows)
+    if rows is not None:
+        x = _gathered(x, rows)
     if x.ndim != 2:
         raise ValueError(f"{name}: expected (T, K), got shape {tuple(x.shape)}")
     check_quantizable(x, spec.block, name)

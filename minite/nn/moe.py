@@ -173,8 +173,9 @@ def grouped_inference_forward(
     qgu = _stacked_weight(module, "gate_up_proj", module.packed_gate_up if packed else None, n.fprop_weight)
     qdn = _stacked_weight(module, "down_proj", module.packed_down if packed else None, n.fprop_weight)
     with torch.autocast(dev.type, enabled=False):
-        x = hidden_states[tok]
-        h = nvfp4_grouped_matmul(nvfp4_quantize_grouped(x, offsets, n.fprop_act), qgu, offsets, out_dtype)
+        # the routed rows are read in place by the quantize kernel (rows=tok): no gathered copy
+        qx = nvfp4_quantize_grouped(hidden_states, offsets, n.fprop_act, rows=tok)
+        h = nvfp4_grouped_matmul(qx, qgu, offsets, out_dtype)
         gate, up = h.chunk(2, dim=-1)
         h = module.act_fn(gate) * up
         y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(h, offsets, n.fprop_act), qdn, offsets, out_dtype)

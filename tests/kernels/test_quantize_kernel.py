@@ -322,3 +322,72 @@ def test_fast_1x16_path_equals_general_kernel_and_reference(spec, dtype, tile, p
         )
         _same(fast, general)
         _same(fast, ref_quantize(x.cpu(), spec))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuantSpec(scope="row"),
+        QuantSpec(scope="row", pow2_global=True),
+        QuantSpec(scope="row", rounding="stochastic"),  # not the fast path: gathers first
+        QuantSpec(scope="tensor"),  # the amax pass reads x itself: gathers first
+    ],
+    ids=["row", "row-pow2", "row-stochastic", "tensor"],
+)
+@pytest.mark.parametrize("wide", [False, True], ids=["one-tile", "wider-than-a-tile"])
+def test_rows_read_in_place_equal_the_gathered_quantize(spec, wide, poison, monkeypatch, device):
+    """nvfp4_quantize(x, rows=idx) == nvfp4_quantize(x[idx]) bit for bit (the reference too): unsorted
+    and repeated indices, NaN/Inf in a gathered row, a row of x no index reads. `wide` forces the
+    two-launch row path (amax pass, then quantize) by lowering the one-tile width."""
+    from minite.kernels import quantize as kq
+
+    if wide:
+        monkeypatch.setattr(kq, "MAX_ROW_TILE", 16)
+    x = _x((9, 48), 44).to(torch.bfloat16)
+    x[4, 3] = float("nan")
+    x[6, 40] = float("inf")
+    idx = torch.tensor([6, 0, 4, 4, 8, 1, 6], dtype=torch.int64)
+    xd, idxd = x.to(device), idx.to(device)
+
+    def no_copy(*args):
+        raise AssertionError("gathered copy on the fast path")
+
+    with monkeypatch.context() as m:
+        if spec.scope == "row" and spec.rounding != "stochastic":  # the fast path reads rows in place
+            m.setattr(kq, "_gathered", no_copy)
+        got = nvfp4_quantize(xd, spec, rows=idxd, seed=3)
+    want = nvfp4_quantize(xd[idxd], spec, seed=3)
+    _same(
+        got,
+        type(want)(want.qdata.cpu(), want.scale.cpu(), want.global_scale.cpu(), want.spec, want.orig_dtype),
+    )
+    if spec.rounding != "stochastic":
+        _same(got, ref_quantize(x[idx], spec))
+
+
+def test_rows_outside_x_give_nan_rows_and_empty_rows_give_empty(poison, device):
+    x = _x((5, 32), 45).to(torch.bfloat16).to(device)
+    spec = QuantSpec(scope="row")
+    got = nvfp4_quantize(x, spec, rows=torch.tensor([1, 5, -1, 2], device=device))
+    assert dequantize(got)[[1, 2]].isnan().all() and not dequantize(got)[[0, 3]].isnan().any()
+    assert torch.equal(got.qdata[0].cpu(), nvfp4_quantize(x[1:2], spec).qdata[0].cpu())
+    empty = nvfp4_quantize(x, spec, rows=torch.zeros(0, dtype=torch.int64, device=device))
+    assert empty.qdata.shape == (0, 16) and empty.scale.shape == (0, 2)
+    with pytest.raises(ValueError, match="rows must be 1-D integers"):
+        nvfp4_quantize(x, spec, rows=torch.tensor([[1]], device=device))
+    with pytest.raises(ValueError, match="rows must be 1-D integers"):
+        nvfp4_quantize(x, spec, rows=torch.tensor([1], device=device), transpose=True)
+
+
+@pytest.mark.parametrize("scope", ["tensor", "row"])
+def test_grouped_with_rows_equals_grouped_of_the_gathered_rows(scope, poison, device):
+    x = _x((11, 32), 46)
+    tok = torch.tensor([3, 0, 7, 7, 10, 2, 5, 1, 9, 4, 6, 8, 3, 0, 2, 5, 1, 10, 9, 6, 4, 8, 7, 0, 2])
+    offs = torch.tensor(OFFSETS)
+    spec = QuantSpec(scope=scope)
+    got = nvfp4_quantize_grouped(x.to(device), offs.to(device), spec, rows=tok.to(device))
+    want = nvfp4_quantize_grouped(x[tok].to(device), offs.to(device), spec)
+    _same(
+        got,
+        type(want)(want.qdata.cpu(), want.scale.cpu(), want.global_scale.cpu(), want.spec, want.orig_dtype),
+    )
