@@ -32,7 +32,8 @@ checks() {  # the GEMM paths and alignment, then the one-kernel twins (norm, RoP
     tests/kernels/test_norm_kernel.py tests/kernels/test_rope_kernel.py tests/kernels/test_routing_kernel.py \
     tests/kernels/test_attention_kernel.py tests/kernels/test_router_kernel.py \
     tests/kernels/test_bf16_gemm_kernel.py tests/kernels/test_qk_norm_rope_kernel.py \
-    tests/kernels/test_stacked_projections.py >> "$OUT/check_paths_h200.log" 2>&1
+    tests/kernels/test_stacked_projections.py tests/kernels/test_quantize_kernel.py \
+    >> "$OUT/check_paths_h200.log" 2>&1
 }
 if [ "$NGPU" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=1; rollout $((END - SECONDS - 40)); checks $((END - SECONDS))) &
