@@ -12,18 +12,14 @@ from torch import nn
 import minite.nn.functional as functional
 import minite.nn.linear as linear
 from minite.nn import LinearNumerics, QuantLinear, SeedSource
+from minite.nn.swap import linear_numerics
 from minite.numerics import QuantSpec, dispatch
+from minite.recipes import MINITE
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
-ALIGNED = LinearNumerics(  # minite's forward specs: per-row activation scales (the batch-invariant path)
-    fprop_weight=QuantSpec(block="16x16"),
-    fprop_act=QuantSpec(scope="row"),
-    dgrad_grad=QuantSpec(scope="row"),
-    dgrad_weight=QuantSpec(block="16x16"),
-    wgrad_grad=QuantSpec(scope="row"),
-    wgrad_act=QuantSpec(scope="row"),
-)
+# the minite recipe's linears: per-row activation scales (the batch-invariant path); only fprop runs here
+ALIGNED = linear_numerics(MINITE.trainer)
 
 
 def _kernel_path(monkeypatch, device):
