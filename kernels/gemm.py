@@ -385,7 +385,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gemm_epilogue_kernel(
-        ws_ptr,
+        acc_ptr,
         ags_ptr,
         bgs_ptr,
         bias_ptr,
@@ -393,7 +393,6 @@ if HAS_TRITON:
         M,
         N,
         stride_om,
-        SPLITS: tl.constexpr,
         A_GS_ROW: tl.constexpr,
         B_GS_ROW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
@@ -402,17 +401,15 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
-        """out = ((sum_s ws[s]) · ACC_SHIFT · s_dec_a · s_dec_b) (+ bias), the partials added in the
-        fixed order s = 0, 1, ... (deterministic, and the same whatever M is)."""
+        """out = acc · ACC_SHIFT · s_dec_a · s_dec_b (+ bias) for the float32 (M, N) product in acc_ptr
+        (the cuBLAS path's GEMM output)."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mmask = rm < M
         nmask = rn < N
         mask = mmask[:, None] & nmask[None, :]
         offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-        acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-        for s in tl.static_range(1, SPLITS):
-            acc = acc + tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+        acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)
         _gemm_epilogue(
             acc,
             rm,
@@ -497,12 +494,12 @@ def rows_of(t: NVFP4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torc
     return q, s, gs.reshape(-1).contiguous(), True
 
 
-def _launch_epilogue(ws, splits, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
+def _launch_epilogue(acc, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
     bm, bn = 32, 128
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     out, out_bf16 = out_arg(out)
     _gemm_epilogue_kernel[grid](
-        ws,
+        acc,
         ags,
         bgs,
         bias if bias is not None else ags,
@@ -510,7 +507,6 @@ def _launch_epilogue(ws, splits, ags, a_row, bgs, b_row, bias, out, m, n) -> Non
         m,
         n,
         out.stride(0),
-        SPLITS=splits,
         A_GS_ROW=a_row,
         B_GS_ROW=b_row,
         HAS_BIAS=bias is not None,
@@ -613,7 +609,7 @@ def nvfp4_matmul(
                 "(cuBLAS picks its algorithm by shape)"
             )
         acc = torch.mm(dequantize_f16(a), dequantize_f16(b).T, out_dtype=torch.float32)  # (M, N) x 2^-18
-        _launch_epilogue(acc, 1, ags, a_row, bgs, b_row, bias, out, m, n)
+        _launch_epilogue(acc, ags, a_row, bgs, b_row, bias, out, m, n)
         return out.reshape(*a.shape[:-1], n)
 
     cfg = config or pick_config(m, n, k, batch_invariant, dev_index)
