@@ -590,8 +590,6 @@ def _launch(
 ):
     """Run the kernel; returns (q (B, R, C/2), scale bytes (B, R, C/16), in-kernel s_enc (B, R),
     amax partials (B, n_col_tiles, R) or (B, R, C/16))."""
-    if prob.rows is not None and not _fast_ok(prob, spec, mode, gs_mode, colmap, amax_per_block):
-        prob = _Problem(_gathered(prob.x[0], prob.rows), transpose=False)  # only the fast path gathers
     if _fast_ok(prob, spec, mode, gs_mode, colmap, amax_per_block):
         return _launch_fast(
             prob,
@@ -602,6 +600,8 @@ def _launch(
             stride_gs_r=stride_gs_r,
             single_row_tile=single_row_tile,
         )
+    if prob.rows is not None:
+        raise RuntimeError("quantize: only the 1x16 fast path reads rows in place (nvfp4_quantize gathers)")
     dev = prob.x.device
     b, r, c = prob.b, prob.r, prob.c
     block_r, block_c, num_warps = _tile(c, spec.block == "16x16", single_row_tile, spec.rht)
@@ -742,18 +742,20 @@ def nvfp4_quantize(
     transpose=True quantizes xᵀ (x 2-D (M, K) -> K rows of M) along the rows of x, as
     `quantize(x.T.contiguous(), spec)` does, without the copy. Stochastic rounding takes `seed` (or
     the initial seed of `generator`); its draws are Philox's, not torch's (see the module docstring).
-    rows (1-D integers, x 2-D): quantize `x[rows]`; the 1x16 fast path reads those rows in place (no
-    gathered copy, one launch fewer), where an index outside x gives a NaN row instead of an error (no
-    host check: CUDA-graph safe); every other path gathers first.
+    rows (1-D integers, x 2-D, 1x16 blocks): quantize `x[rows]`; the 1x16 fast path reads those rows in
+    place (no gathered copy, one launch fewer); the other paths gather first. An index outside x gives a
+    NaN row instead of an error (no host check: CUDA-graph safe).
     """
     require_triton("nvfp4_quantize")
     spec = spec or QuantSpec()
     if transpose and isinstance(x, torch.Tensor) and x.ndim != 2:
         raise ValueError(f"{name}: transpose=True needs a 2-D tensor, got shape {tuple(x.shape)}")
-    if rows is not None and (transpose or x.ndim != 2 or rows.ndim != 1 or rows.dtype.is_floating_point):
+    if rows is not None and (
+        transpose or x.ndim != 2 or rows.ndim != 1 or rows.dtype.is_floating_point or spec.block != "1x16"
+    ):
         raise ValueError(
-            f"{name}: rows must be 1-D integers indexing the rows of a 2-D x (no transpose), got rows "
-            f"{rows.dtype} {tuple(rows.shape)} for x {tuple(x.shape)}"
+            f"{name}: rows must be 1-D integers indexing the rows of a 2-D x (no transpose, 1x16 blocks), "
+            f"got rows {rows.dtype} {tuple(rows.shape)} for x {tuple(x.shape)}, {spec.block} blocks"
         )
     check_quantizable(x.T if transpose else x, spec.block, name)
     x = _as_input(x)
@@ -761,13 +763,16 @@ def nvfp4_quantize(
     if (spec.scope == "static") != (amax is not None):
         raise ValueError(f"{name}: amax must be given exactly when scope is 'static' (scope={spec.scope!r})")
     seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
-    if rows is not None and (check_finite or spec.scope != "row"):
-        x, rows = _gathered(x, rows), None  # the amax passes and the finiteness check read x itself
-    if check_finite:
-        _raise_non_finite(x, name)
     prob = _Problem(x, transpose)
     if rows is not None:
-        prob = prob.with_rows(rows if rows.stride(0) == 1 else rows.contiguous())
+        # whether every launch of this problem takes the fast path depends on the spec and dtype alone
+        if not check_finite and _fast_ok(prob, spec, 0, GS_SCALAR, None, False):
+            prob = prob.with_rows(rows if rows.stride(0) == 1 else rows.contiguous())
+        else:  # the general kernel (and the finiteness check) read the rows of x themselves
+            x, rows = _gathered(x, rows), None
+            prob = _Problem(x, transpose)
+    if check_finite:
+        _raise_non_finite(x, name)
     lead = (x.shape[1],) if transpose else (prob.r,) if rows is not None else tuple(x.shape[:-1])
     q, s, gs = _quantize_problem(prob, spec, amax=amax, seed=seed_i, name=name, gs_lead=lead, scalar_gs=True)
     q = q.reshape(*lead, prob.c // 2)
