@@ -87,7 +87,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minite.nn.linear import shared_input_projections
+from minite.nn.linear import _hooked, shared_input_projections
+from minite.nn.moe import FP32RMSNorm
 from minite.numerics import dispatch
 from minite.recipes import AttentionCore, RopeArithmetic
 
@@ -355,9 +356,6 @@ class AlignedAttention(nn.Module):
         fp32 RoPE and fp32 q/k norms on CUDA, nothing needing a gradient, no hooks on the norms, and a
         cache that is absent or hands out its buffers (`fused_write_target`: the built-in sampler's
         StaticKVCache). None elsewhere."""
-        from minite.nn.linear import _hooked
-        from minite.nn.moe import FP32RMSNorm
-
         qn, kn = self.q_norm, self.k_norm
         if self.rope != "fp32" or pos is None or not all(isinstance(n, FP32RMSNorm) for n in (qn, kn)):
             return None
