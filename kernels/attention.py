@@ -10,7 +10,7 @@ at B = 1, S = 4096, where 4 programs walk the whole cache.
 
 Split over the cache (flash-decoding style) when there are few programs: `_split_count` picks SPLITS
 from the number of (batch row, kv head, row block) tiles, the cache length and the SM count (about 2
-programs per SM, each split at least 2 key blocks, at most 16 splits; never from a timing), and each
+programs per SM, each split at least one key block, at most 32 splits; never from a timing), and each
 tile's keys are cut into SPLITS ranges of whole key blocks. Two launches of one kernel, grid (tiles,
 SPLITS):
 
@@ -65,12 +65,14 @@ from .decode import _locks, _sm_count
 
 _MAX_ROWS = 64  # G * L beyond this is prefill: the reference (with autograd) is the path there
 # Cache split (see the module docstring): programs for about this many per SM, each split at least this
-# many key blocks (fewer blocks leave the fixed cost of a program, its q load and the partials'
-# traffic, to dominate), at most this many splits (the last program adds them all serially).
-# Not tuned on a GPU yet.
+# many key blocks, at most this many splits (the last program adds them all serially). From the sweep of
+# scripts/gpu/attention_tiles.py on an H200 (32/4 heads of 128, 64-key blocks; results/bench/
+# attention_tiles_h200.txt): one block a program was the fastest split wherever the tiles leave SMs idle
+# (B = 1, S = 256: 13.7 us against 18.9 with two blocks; B = 16, S = 256: 18.5 against 20.5), and B = 1,
+# S = 4096 took 29.3 us with 32 splits against 36.4 with 16. B = 64 stays unsplit (the sweep's best).
 _PROGRAMS_PER_SM = 2
-_MIN_SPLIT_STEPS = 2
-_MAX_SPLITS = 16
+_MIN_SPLIT_STEPS = 1
+_MAX_SPLITS = 32
 
 
 def _split_count(tiles: int, steps: int, device_index: int = 0) -> int:
@@ -379,10 +381,20 @@ def attention_fp64_decode(
 
 
 def _attention_decode(
-    q, k, v, keep, scale: float, out_dtype: torch.dtype, splits: int | None = None
+    q,
+    k,
+    v,
+    keep,
+    scale: float,
+    out_dtype: torch.dtype,
+    splits: int | None = None,
+    block_s: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """out_dtype q.dtype, or float64 for the value before the rounding (tests); splits forces the number
-    of cache splits (tests; rounded down so that none is empty), None takes `_split_count`'s."""
+    of cache splits (tests; rounded down so that none is empty), None takes `_split_count`'s; block_s,
+    num_warps and num_stages force the tile (tests and scripts/gpu/attention_tiles.py's sweep)."""
     require_triton("attention_fp64_decode")
     why = _reason(q, k, v, keep)
     if why is not None:
@@ -400,7 +412,7 @@ def _attention_decode(
     # measured on an H200 (B=64, Hq/Hkv=32/4, d=128): 8-row blocks when a kv head has <= 8 query rows
     # (the fp64 MMA takes M=8: no padding to 16), 64 keys a step, 4 warps (8 at d=256: no spills), 2 stages
     block_r = 8 if groups * lq <= 8 else 16
-    block_s = min(64, 8192 // d)
+    block_s = block_s or min(64, 8192 // d)
     row_blocks = triton.cdiv(groups * lq, block_r)
     tiles = b * hkv * row_blocks
     steps = triton.cdiv(s, block_s)
@@ -445,8 +457,8 @@ def _attention_decode(
         BF16=bf16,
         F64=out_dtype == torch.float64,
         LIBDEVICE=not interpret_mode(),
-        num_warps=8 if d >= 256 else 4,
-        num_stages=2 if d >= 128 else 3,
+        num_warps=num_warps or (8 if d >= 256 else 4),
+        num_stages=num_stages or (2 if d >= 128 else 3),
         enable_fp_fusion=False,
     )
     grid = (b * hkv, row_blocks, splits)

@@ -5,6 +5,7 @@ as a CUDA graph under torch.profiler; prints, per (recipe, batch), the graph ste
 per step and the kernels with the most device time per step. Reproduce on one GPU:
 
     python3 scripts/gpu/profile_decode.py --layers 3 --batch-sizes 1 64 --recipes bf16 minite te_nvfp4
+    (--ops 30: also the torch ops whose kernels take the most device time, with their call counts)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import torch
 
 
-def profile(recipe_name: str, layers: int, batches: list[int], steps: int, top: int) -> None:
+def profile(recipe_name: str, layers: int, batches: list[int], steps: int, top: int, ops: int = 0) -> None:
     from minite.bench.learner import QWEN3_30B_A3B, release
     from minite.bench.rollout import build_sampler
     from minite.engines.decode import Decoder
@@ -60,6 +61,15 @@ def profile(recipe_name: str, layers: int, batches: list[int], steps: int, top: 
                 f"  {sum(times) / steps:8.1f} us/step  {len(times) / steps:5.1f}x  "
                 f"{sum(times) / len(times):7.2f} us each  {name[:110]}"
             )
+        if ops:  # the torch ops behind the kernels (Triton launches are not inside an aten op)
+            print(f"  -- torch ops by the device time of their kernels (top {ops}):")
+            avgs = [a for a in prof.key_averages() if a.device_type == torch.autograd.DeviceType.CPU]
+            avgs.sort(key=lambda a: -getattr(a, "self_device_time_total", 0.0))
+            for a in avgs[:ops]:
+                t = getattr(a, "self_device_time_total", 0.0)
+                if t <= 0:
+                    break
+                print(f"  {t / steps:8.1f} us/step  {a.count / steps:5.1f}x  {a.key[:100]}")
         del dec
         release()
     sampler.close()
@@ -74,10 +84,11 @@ def main() -> None:
     p.add_argument("--recipes", nargs="+", default=["bf16", "minite", "te_nvfp4"])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--ops", type=int, default=0, help="also list this many torch ops by kernel time")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for r in a.recipes:
-        profile(r, a.layers, a.batch_sizes, a.steps, a.top)
+        profile(r, a.layers, a.batch_sizes, a.steps, a.top, a.ops)
 
 
 if __name__ == "__main__":

@@ -280,20 +280,31 @@ def test_split_nan_and_inf(device):
 
 
 def test_split_count_rule(monkeypatch, device):
-    """SPLITS from the shapes and the SM count: ~2 programs per SM, >= 2 key blocks a split, <= 16; the
+    """SPLITS from the shapes and the SM count: ~2 programs per SM, >= 1 key block a split, <= 32; the
     default path splits a long cache of a single tile (and still equals the reference)."""
     from minite.kernels import attention as attn
 
     with monkeypatch.context() as mp:  # not monkeypatch.undo(): that would undo the poison fixture too
         mp.setattr(attn, "_sm_count", lambda index: 132)  # an H200
-        assert attn._split_count(4, 4096 // 64) == 16  # B = 1, 4 kv heads, S = 4096, d = 128
+        assert attn._split_count(4, 4096 // 64) == 32  # B = 1, 4 kv heads, S = 4096, d = 128
+        assert attn._split_count(4, 256 // 64) == 4  # B = 1, S = 256: one key block a program
         assert attn._split_count(64, 512 // 64) == 4  # B = 16
-        assert attn._split_count(64, 3) == 1
+        assert attn._split_count(64, 3) == 3
         assert attn._split_count(256, 4096 // 64) == 1  # B = 64: enough programs already
         assert attn._split_count(1, 0) == 1
     q, k, v = _inputs(1, 2, 1, 1, 300, 16, torch.bfloat16, seed=41)
-    assert attn._split_count(1, 5) == 2  # 2 on any GPU with >= 1 SM (4 under the interpreter)
+    assert attn._split_count(1, 5) == 5  # 5 on any GPU with >= 3 SMs (4 under the interpreter)
     dev = [t.to(device) for t in (q, k, v)]
     got = attention_fp64_decode(*dev, None, 0.25).cpu()
     _same_bits(got, attention_fp64(q, k, v, None, 0.25), "default split vs reference")
-    _same_bits(got, _attention_decode(*dev, None, 0.25, torch.bfloat16, splits=2).cpu(), "default vs forced")
+    _same_bits(got, _attention_decode(*dev, None, 0.25, torch.bfloat16, splits=5).cpu(), "default vs forced")
+
+
+@pytest.mark.parametrize("block_s, splits, warps", [(16, 1, 2), (16, 7, 4), (32, 3, 2)])
+def test_forced_tiles_equal_the_reference(block_s, splits, warps, device):
+    """The tiles scripts/gpu/attention_tiles.py sweeps change only the order of the float64 sums."""
+    q, k, v = _inputs(2, 8, 1, 1, 100, 32, torch.bfloat16, seed=43)
+    keep = torch.rand(2, 1, 1, 100, generator=torch.Generator().manual_seed(3)) < 0.8
+    dev = [t.to(device) for t in (q, k, v, keep)]
+    got = _attention_decode(*dev, 0.2, torch.bfloat16, splits=splits, block_s=block_s, num_warps=warps)
+    _same_bits(got.cpu(), attention_fp64(q, k, v, keep, 0.2), f"block_s {block_s}, splits {splits}")
