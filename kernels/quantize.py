@@ -17,6 +17,16 @@ E2M1 code is the minimum of three magic-add candidates, and the 16 nibbles are p
 sum into two int32 stores (H200, 8192x8192 bf16: 62.5 us against 78.1 us for the general kernel).
 `FAST_1X16 = False` runs the general kernel everywhere.
 
+silu_glu (the MoE down projection's input): x (..., 2F) = [gate | up] and the quantized tensor is
+`F.silu(gate) * up` (..., F), bit for bit as torch's CUDA kernels form it from bf16/fp16/float32 input:
+silu in float32 as x / (1 + expf(-x)) (libdevice's expf, the CUDA math library's, and a correctly
+rounded division), rounded to the input dtype, times up in float32, rounded to the input dtype (no
+rounding for float32). The fast path forms the product as it loads x, in the amax pass as in the
+quantize pass: no (T, F) intermediate and no two torch launches. Every other case (general kernel,
+transpose, check_finite, float64) quantizes torch's own `F.silu(gate) * up`. Under the interpreter the
+kernel's exp is numpy's, so there the product can differ by an ulp from torch's CPU silu (a different
+vectorised exp): the interpreter checks the arithmetic against a numpy emulation, the GPU against torch.
+
 The float ops follow minite.numerics.nvfp4 in the same order, per flavor (canonical, te, vllm), with
 correctly rounded division (`tl.math.div_rn`; Triton's `/` is approximate on the GPU) and the codecs
 of `_triton.py`, so the packed bytes and scale bytes equal the reference's bit for bit. Scopes:
@@ -47,6 +57,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import (
@@ -57,10 +68,19 @@ from minite.numerics.nvfp4 import (
     global_encode_scale,
 )
 
-from ._triton import CONSTS, HAS_TRITON, check_device, empty, require_triton, tl, triton
+from ._triton import CONSTS, HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _e2m1_rne, _e2m1_stochastic, _e4m3_rne, _max_nan, _s_enc_from_amax
+    from triton.language.extra import libdevice
+
+    from ._triton import (
+        _bf16_bits_rne,
+        _e2m1_rne,
+        _e2m1_stochastic,
+        _e4m3_rne,
+        _max_nan,
+        _s_enc_from_amax,
+    )
 
 _FLAVOR_ID = {"canonical": 0, "te": 1, "vllm": 2}
 # s_enc source: 0 one scalar, 1 one per row, 2 per (segment, row), 3 computed in-kernel per row
@@ -273,6 +293,61 @@ if HAS_TRITON:
 if HAS_TRITON:
 
     @triton.jit
+    def _bf16_round(v):
+        """float32 -> the nearest-even bfloat16 value, as float32. On the bits (`_bf16_bits_rne`), not a
+        cast: the interpreter truncates float32 -> bfloat16 casts."""
+        bits = _bf16_bits_rne(v).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _bf16_to_f32(v):
+        """bfloat16 -> float32 on the bits (exact): the interpreter's cast mangles subnormals (9.2e-41
+        becomes 0, -3.0e-39 becomes -3.7e-40); the GPU's is this shift."""
+        return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _silu_glu(gate, up, LIBDEVICE: tl.constexpr):
+        """silu(gate) * up as float32, for gate and up as loaded (float32, bf16 or fp16), with the
+        roundings of torch's CUDA `F.silu(gate) * up`, so the result is torch's bits: silu in float32 as
+        `x / (1 + expf(-x))` (expf: libdevice's __nv_expf, the CUDA math library function torch's
+        kernel calls; numpy's exp under the interpreter, which has no libdevice), the quotient
+        correctly rounded (`/` is approximate on the GPU), rounded to the input dtype; then the product,
+        exact in float32 for two 16-bit values, rounded to the input dtype. float32 input: no
+        intermediate rounding. FMA contraction changes no bit: the product goes on to the quantizer's
+        multiply, not an add, and the one fusion the compiler makes (sm_90 PTX), expf's last step
+        `r * 2^j` into `1 + e`, multiplies by a power of two, exactly. The launches ask for libdevice's
+        non-FTZ expf, as torch is built (its FTZ twin differs only in how it flushes subnormals)."""
+        if gate.dtype == tl.bfloat16:
+            g = _bf16_to_f32(gate)
+            u = _bf16_to_f32(up)
+        else:
+            g = gate.to(tl.float32)
+            u = up.to(tl.float32)
+        if LIBDEVICE:
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        s = tl.math.div_rn(g, 1.0 + e)
+        if gate.dtype == tl.bfloat16:
+            p = _bf16_round(_bf16_round(s) * u)
+        elif gate.dtype == tl.float16:  # float32 -> float16 casts round to nearest even on both backends
+            p = (s.to(tl.float16).to(tl.float32) * u).to(tl.float16).to(tl.float32)
+        else:
+            p = s * u
+        return p
+
+    @triton.jit
+    def _silu_glu_kernel(x_ptr, y_ptr, N, C, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+        """y (rows, C) float32 = _silu_glu of x (rows, 2C) contiguous: the quantize prologue alone (a
+        test hook, `_silu_glu_product`)."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = i < N
+        g_ptrs = x_ptr + (i // C) * (2 * C) + i % C
+        gate = tl.load(g_ptrs, mask=m, other=0.0)
+        up = tl.load(g_ptrs + C, mask=m, other=0.0)
+        tl.store(y_ptr + i, _silu_glu(gate, up, LIBDEVICE), mask=m)
+
+    @triton.jit
     def _cols8(t, R: tl.constexpr, NB: tl.constexpr):
         """(R, NB, 8) -> its 8 columns, each (R, NB), in order (register moves when a thread holds
         all 8)."""
@@ -329,6 +404,8 @@ if HAS_TRITON:
         FLAVOR: tl.constexpr,
         POW2: tl.constexpr,
         GATHER: tl.constexpr,  # row r of the problem is row src_ptr[r] of x (an index outside x: NaN)
+        GLU: tl.constexpr,  # x rows are [gate | up] (2 * 16 * NB wide): quantize silu(gate) * up
+        LIBDEVICE: tl.constexpr,  # GLU's exp: libdevice's (GPU) or tl.exp (the interpreter)
         BLOCK_R: tl.constexpr,
         BLOCK_NB: tl.constexpr,
         F8_MAX: tl.constexpr,
@@ -362,8 +439,18 @@ if HAS_TRITON:
             + (blocks * 16)[None, :, None]
             + tl.arange(0, 8)[None, None, :]
         )
-        x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
+        if GLU:  # up is 16 * NB columns right of gate; masked lanes: silu(0) * 0 = 0, as a plain load
+            x0 = _silu_glu(
+                tl.load(base, mask=mask, other=0.0), tl.load(base + NB * 16, mask=mask, other=0.0), LIBDEVICE
+            )
+            x1 = _silu_glu(
+                tl.load(base + 8, mask=mask, other=0.0),
+                tl.load(base + NB * 16 + 8, mask=mask, other=0.0),
+                LIBDEVICE,
+            )
+        else:
+            x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
         if GATHER:
             x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
             x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
@@ -479,10 +566,17 @@ class _Problem:
         self.c_valid = self.c
         self.rows: torch.Tensor | None = None  # with_rows: the problem's rows are these rows of x
         self.src_rows = self.r
+        self.glu = False  # with_glu: the matrix is silu(gate) * up of x = [gate | up]
 
     def with_rows(self, rows: torch.Tensor) -> _Problem:
         """The problem whose row i is row rows[i] of this one's (2-D x; read by the 1x16 fast path)."""
         self.rows, self.src_rows, self.r = rows, self.r, rows.numel()
+        return self
+
+    def with_glu(self) -> _Problem:
+        """The problem of silu(gate) * up for x = [gate | up] along C (read by the 1x16 fast path)."""
+        self.glu, self.c = True, self.c // 2
+        self.c_valid = self.c
         return self
 
 
@@ -513,12 +607,15 @@ def _fast_tile(nb: int, single_row_tile: bool) -> tuple[int, int, int]:
     return block_r, block_nb, max(1, min(16, block_r * block_nb // 128))
 
 
+def _fast_spec(spec: QuantSpec) -> bool:
+    """Whether the fast path takes this spec (every non-transposed quantize of a float32/bf16/fp16 x then
+    runs on it, whatever the scope)."""
+    return FAST_1X16 and spec.block == "1x16" and spec.rounding != "stochastic" and not spec.rht
+
+
 def _fast_ok(prob: _Problem, spec: QuantSpec, mode: int, gs_mode: int, colmap, amax_per_block: bool) -> bool:
     return (
-        FAST_1X16
-        and spec.block == "1x16"
-        and spec.rounding != "stochastic"
-        and not spec.rht
+        _fast_spec(spec)
         and colmap is None
         and not amax_per_block
         and gs_mode in (GS_SCALAR, GS_ROW, GS_INKERNEL)
@@ -565,9 +662,12 @@ def _launch_fast(
         FLAVOR=_FLAVOR_ID[spec.flavor],
         POW2=spec.pow2_global,
         GATHER=prob.rows is not None,
+        GLU=prob.glu,
+        LIBDEVICE=not interpret_mode(),
         BLOCK_R=block_r,
         BLOCK_NB=block_nb,
         num_warps=num_warps,
+        enable_reflect_ftz=False,  # GLU: torch's expf (see _silu_glu)
         **CONSTS,
     )
     return q, s, gs_out, amax
@@ -602,6 +702,8 @@ def _launch(
         )
     if prob.rows is not None:
         raise RuntimeError("quantize: only the 1x16 fast path reads rows in place (nvfp4_quantize gathers)")
+    if prob.glu:
+        raise RuntimeError("quantize: only the 1x16 fast path forms silu(gate) * up (the callers use torch)")
     dev = prob.x.device
     b, r, c = prob.b, prob.r, prob.c
     block_r, block_c, num_warps = _tile(c, spec.block == "16x16", single_row_tile, spec.rht)
@@ -674,6 +776,46 @@ def _raise_non_finite(x: torch.Tensor, name: str) -> None:
         )
 
 
+def _check_glu(x: torch.Tensor, name: str) -> None:
+    if isinstance(x, torch.Tensor) and (x.ndim == 0 or x.shape[-1] % (2 * BLOCK)):
+        raise ValueError(
+            f"{name}: silu_glu needs x (..., 2F) = [gate | up] with F a multiple of {BLOCK}, "
+            f"got shape {tuple(x.shape)}"
+        )
+
+
+def _glu_shaped(x: torch.Tensor, silu_glu: bool) -> torch.Tensor:
+    """A tensor of the shape the quantize sees (the gate half under silu_glu), for the shape checks."""
+    return x[..., : x.shape[-1] // 2] if silu_glu and isinstance(x, torch.Tensor) else x
+
+
+def _silu_glu_torch(x: torch.Tensor) -> torch.Tensor:
+    """`F.silu(gate) * up` for x = [gate | up]: what silu_glu=True quantizes, computed by torch where the
+    fast path does not form it in the kernel."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _silu_glu_product(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (..., F) as the quantize kernel forms it from x (..., 2F) = [gate | up] (the same
+    @triton.jit helper), in x's dtype: a test hook, to check the prologue bit for bit on its own."""
+    require_triton("_silu_glu_product")
+    if x.dtype not in _INPUT_DTYPES or x.ndim == 0 or x.shape[-1] % 2:
+        raise ValueError(
+            f"_silu_glu_product: float32, bf16 or fp16 x (..., 2F), got {x.dtype} {tuple(x.shape)}"
+        )
+    check_device("_silu_glu_product", x)
+    f = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * f).contiguous()
+    y = empty((x2.shape[0], f), torch.float32, x.device)
+    if y.numel():
+        block = 1024
+        _silu_glu_kernel[(triton.cdiv(y.numel(), block),)](
+            x2, y, y.numel(), f, LIBDEVICE=not interpret_mode(), BLOCK=block, enable_reflect_ftz=False
+        )
+    return y.to(x.dtype).reshape(*x.shape[:-1], f)  # exact: y holds values of x's dtype
+
+
 def _quantize_problem(
     prob: _Problem,
     spec: QuantSpec,
@@ -736,6 +878,7 @@ def nvfp4_quantize(
     name: str = "tensor",
     check_finite: bool = False,
     rows: torch.Tensor | None = None,
+    silu_glu: bool = False,
 ) -> NVFP4Tensor:
     """The kernel twin of minite.numerics.quantize (same arguments and result layout).
 
@@ -745,6 +888,10 @@ def nvfp4_quantize(
     rows (1-D integers, x 2-D, 1x16 blocks): quantize `x[rows]`; the 1x16 fast path reads those rows in
     place (no gathered copy, one launch fewer); the other paths gather first. An index outside x gives a
     NaN row instead of an error (no host check: CUDA-graph safe).
+    silu_glu (x (..., 2F) = [gate | up], F a multiple of 16): quantize `F.silu(gate) * up` (..., F), bit
+    for bit as torch's CUDA ops form it (see the module docstring); the 1x16 fast path forms the product
+    as it loads x (no intermediate tensor), the other paths (and transpose, check_finite, float64) quantize
+    torch's product.
     """
     require_triton("nvfp4_quantize")
     spec = spec or QuantSpec()
@@ -757,13 +904,22 @@ def nvfp4_quantize(
             f"{name}: rows must be 1-D integers indexing the rows of a 2-D x (no transpose, 1x16 blocks), "
             f"got rows {rows.dtype} {tuple(rows.shape)} for x {tuple(x.shape)}, {spec.block} blocks"
         )
-    check_quantizable(x.T if transpose else x, spec.block, name)
-    x = _as_input(x)
+    if silu_glu:
+        _check_glu(x, name)
+    xq = _glu_shaped(x, silu_glu)
+    check_quantizable(xq.T if transpose else xq, spec.block, name)
     check_device("nvfp4_quantize", x, rows)
+    if silu_glu and (transpose or check_finite or x.dtype not in _INPUT_DTYPES or not _fast_spec(spec)):
+        if rows is not None:
+            x, rows = _gathered(x, rows), None
+        x, silu_glu = _silu_glu_torch(x), False
+    x = _as_input(x)
     if (spec.scope == "static") != (amax is not None):
         raise ValueError(f"{name}: amax must be given exactly when scope is 'static' (scope={spec.scope!r})")
     seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
     prob = _Problem(x, transpose)
+    if silu_glu:  # the fast path serves the spec (checked above) in every launch of the problem
+        prob = prob.with_glu()
     if rows is not None:
         # whether every launch of this problem takes the fast path depends on the spec and dtype alone
         if not check_finite and _fast_ok(prob, spec, 0, GS_SCALAR, None, False):
@@ -818,28 +974,38 @@ def nvfp4_quantize_grouped(
     generator: torch.Generator | None = None,
     name: str = "tensor",
     rows: torch.Tensor | None = None,
+    silu_glu: bool = False,
 ) -> NVFP4Tensor:
     """Rows of x (T, K) sorted by expert (`offsets` (E+1,)), each expert's rows quantized as one tensor:
     row for row what `quantize(x[offsets[e]:offsets[e+1]], spec)` gives. With the row scope that is
     plain per-row quantization; with the tensor scope the amax is per expert. global_scale is (T, 1).
-    rows: the same for x[rows] (the row scope reads them in place, see `nvfp4_quantize`)."""
+    rows: the same for x[rows] (the row scope reads them in place, see `nvfp4_quantize`).
+    silu_glu: x (T, 2F) = [gate | up], the rows quantized are `F.silu(gate) * up` (see `nvfp4_quantize`)."""
     require_triton("nvfp4_quantize_grouped")
     spec = spec or QuantSpec()
     if spec.scope != "tensor":
         if spec.scope == "static":
             raise ValueError(f"{name}: nvfp4_quantize_grouped takes the tensor or row scope")
-        return nvfp4_quantize(x, spec, seed=seed, generator=generator, name=name, rows=rows)
+        return nvfp4_quantize(
+            x, spec, seed=seed, generator=generator, name=name, rows=rows, silu_glu=silu_glu
+        )
     if rows is not None:
         x = _gathered(x, rows)
     if x.ndim != 2:
         raise ValueError(f"{name}: expected (T, K), got shape {tuple(x.shape)}")
-    check_quantizable(x, spec.block, name)
+    if silu_glu:
+        _check_glu(x, name)
+    check_quantizable(_glu_shaped(x, silu_glu), spec.block, name)
     if spec.block == "16x16":
         raise ValueError(f"{name}: 16x16 blocks would span experts; grouped activations use 1x16")
-    x = _as_input(x)
     check_device("nvfp4_quantize_grouped", x, offsets)
+    if silu_glu and (x.dtype not in _INPUT_DTYPES or not _fast_spec(spec)):
+        x, silu_glu = _silu_glu_torch(x), False
+    x = _as_input(x)
     seed_i = _seed_of(generator, seed) if spec.rounding == "stochastic" else 0
     prob = _Problem(x, transpose=False)
+    if silu_glu:  # both launches (amax pass, quantize) take the fast path and form the product
+        prob = prob.with_glu()
     _, _, _, partial = _launch(prob, spec, mode=1, gs_mode=GS_SCALAR)
     r_amax = partial.amax(1).reshape(-1)  # (T,)
     offsets = offsets.to(device=x.device, dtype=torch.int64)

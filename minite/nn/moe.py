@@ -150,15 +150,37 @@ def _grouped_inference_supported(numerics: LinearNumerics) -> bool:
     return w is not None and a is not None and a.block == "1x16" and "static" not in (w.scope, a.scope)
 
 
+def _plain_silu(act: nn.Module) -> bool:
+    """Whether act is exactly `F.silu` (torch's SiLU or transformers' SiLUActivation, Qwen3-MoE's
+    ACT2FN["silu"], with their own forward: hub kernels may swap in another one)."""
+    cls = type(act)
+    if cls is not nn.SiLU:
+        try:
+            from transformers.activations import SiLUActivation
+        except ImportError:
+            return False
+        if cls is not SiLUActivation:
+            return False
+    return "forward" not in vars(act) and cls.forward.__module__ == cls.__module__
+
+
+def _fuse_silu_glu(module: QuantExperts, h: torch.Tensor) -> bool:
+    """Whether the down projection's quantize forms `act_fn(gate) * up` itself (silu_glu): for a plain
+    SiLU, on CUDA, where the kernel's product is torch's bit for bit. Under the interpreter (CPU tensors)
+    its exp is numpy's, an ulp off torch's CPU silu at times, and the trainer runs torch's CPU silu."""
+    return h.is_cuda and _plain_silu(module.act_fn)
+
+
 def grouped_inference_forward(
     module: QuantExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     """`minite.kernels.moe.quant_experts_forward` without autograd: the same kernels on the same operands
     in the same order (rows sorted stably by expert, grouped quantize + grouped GEMM per linear, the
     combine in ascending expert order), so the same numbers. At decode sizes the routing and the combine
-    are one kernel each (minite.kernels.routing) instead of ~27 small torch ops, and the GEMMs write
-    out_dtype themselves. Nothing here waits for the host (no bincount), so a decode step can be
-    captured in a CUDA graph."""
+    are one kernel each (minite.kernels.routing) instead of ~27 small torch ops, the GEMMs write
+    out_dtype themselves, and for a SiLU the down projection's quantize forms silu(gate) * up as it loads
+    the gate_up output (the bits of torch's two CUDA kernels, without them). Nothing here waits for the
+    host (no bincount), so a decode step can be captured in a CUDA graph."""
     from minite.kernels.grouped_gemm import nvfp4_grouped_matmul
     from minite.kernels.moe import _stacked_weight
     from minite.kernels.quantize import nvfp4_quantize_grouped
@@ -175,10 +197,13 @@ def grouped_inference_forward(
     with torch.autocast(dev.type, enabled=False):
         # the routed rows are read in place by the quantize kernel (rows=tok): no gathered copy
         qx = nvfp4_quantize_grouped(hidden_states, offsets, n.fprop_act, rows=tok)
-        h = nvfp4_grouped_matmul(qx, qgu, offsets, out_dtype)
-        gate, up = h.chunk(2, dim=-1)
-        h = module.act_fn(gate) * up
-        y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(h, offsets, n.fprop_act), qdn, offsets, out_dtype)
+        h = nvfp4_grouped_matmul(qx, qgu, offsets, out_dtype)  # (T, 2I): [gate | up]
+        if _fuse_silu_glu(module, h):
+            qh = nvfp4_quantize_grouped(h, offsets, n.fprop_act, silu_glu=True)
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            qh = nvfp4_quantize_grouped(module.act_fn(gate) * up, offsets, n.fprop_act)
+        y = nvfp4_grouped_matmul(qh, qdn, offsets, out_dtype)
     return combine_routed(y, inv, top_k_index, top_k_weights, hidden_states.dtype)
 
 

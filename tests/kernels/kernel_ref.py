@@ -10,6 +10,7 @@ index-order rotation instead (all else equal), so the test checks the kernel's d
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from minite.numerics import NVFP4Tensor, apply_rht, quantize, rht_matrix
@@ -33,3 +34,20 @@ def ref_quantize(x: torch.Tensor, spec, **kwargs) -> NVFP4Tensor:
         return quantize(x, spec, **kwargs)  # this platform's reference sums in index order: use it
     t = quantize(rot, replace(spec, rht=False), **kwargs)
     return NVFP4Tensor(t.qdata, t.scale, t.global_scale, spec, x.dtype)
+
+
+def silu_glu_emulated(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x (..., 2F) = [gate | up], with the arithmetic of the quantize kernel's
+    silu_glu prologue under the interpreter, in numpy float32: gate / (1 + exp(-gate)) with numpy's exp
+    (the interpreter's tl.exp) and an IEEE division, rounded to x's dtype (torch's casts round to
+    nearest even), times up in float32 (exact for 16-bit inputs), rounded to x's dtype; float32 input is
+    not rounded in between. Not torch's CPU F.silu: its vectorised exp may differ by an ulp from numpy's
+    (and both from CUDA's expf, which the GPU tests compare against instead)."""
+    f = x.shape[-1] // 2
+    g = np.ascontiguousarray(x[..., :f].float().numpy())
+    with np.errstate(all="ignore"):  # exp overflows for gate < -88.7, -inf / inf is NaN: as on the GPU
+        s = torch.from_numpy(g / (np.float32(1.0) + np.exp(-g)))
+    up = x[..., f:].float()
+    if x.dtype == torch.float32:
+        return s * up
+    return (s.to(x.dtype).float() * up).to(x.dtype)

@@ -1,6 +1,8 @@
 """Fused quantize kernel vs minite.numerics.quantize: bit for bit on packed bytes, scale bytes and the
 global scale, for every flavor, block, scope, RHT, input dtype, transposed/batched/grouped layouts and
 non-finite input; stochastic rounding by its own properties (reproducible, unbiased, neighbours only).
+silu_glu (the kernel forms silu(gate) * up as it loads): the quantize of the product, the product as
+torch's CUDA kernels form it (under the interpreter: a numpy emulation of the kernel's arithmetic).
 
 Every output is poisoned before the launch (0xFF bytes, NaN floats: see _triton.POISON); the main
 bitwise test runs under 0x00 and 0xFF, so an element the kernel never writes cannot match the
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 from minite.kernels import _triton
 from minite.kernels.quantize import (
+    _silu_glu_product,
     nvfp4_quantize,
     nvfp4_quantize_batched,
     nvfp4_quantize_grouped,
@@ -22,7 +25,7 @@ from minite.kernels.quantize import (
 from minite.numerics import NonFiniteError, QuantSpec, dequantize, e2m1_decode, unpack_fp4
 
 from ..numerics.numerics_ref import blocky, gen
-from .kernel_ref import ref_quantize
+from .kernel_ref import ref_quantize, silu_glu_emulated
 
 
 @pytest.fixture(params=[0x00, 0xFF], ids=["poison00", "poisonFF"])
@@ -391,3 +394,199 @@ def test_grouped_with_rows_equals_grouped_of_the_gathered_rows(scope, poison, de
         got,
         type(want)(want.qdata.cpu(), want.scale.cpu(), want.global_scale.cpu(), want.spec, want.orig_dtype),
     )
+
+
+# --- silu_glu: the MoE down projection's quantize forms silu(gate) * up itself ---------------------------
+
+
+def _cpu(t):
+    return type(t)(t.qdata.cpu(), t.scale.cpu(), t.global_scale.cpu(), t.spec, t.orig_dtype)
+
+
+def _glu_product(x: torch.Tensor, device: str) -> torch.Tensor:
+    """What silu_glu=True quantizes where the kernel forms the product: torch's own F.silu(gate) * up on
+    CUDA (the kernel must give its bits); under the interpreter the numpy emulation of the kernel's
+    arithmetic (kernel_ref.silu_glu_emulated), because torch's CPU silu uses a vectorised exp that may
+    differ by an ulp from numpy's exp (the interpreter's) and from CUDA's expf alike."""
+    if device == "cuda":
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return silu_glu_emulated(x)
+
+
+def _glu_input(rows: int, f: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """(rows, 2F) = [gate | up] with spread block magnitudes; from 3 rows on, an all-zero row, gates where
+    exp(-gate) overflows or underflows (+-80, +-448), and NaN / +-Inf in gate and in up."""
+    x = blocky((rows, 2 * f), gen(seed), spread=1.5)
+    if rows >= 3:
+        x[0] = 0.0
+        x[1, :4] = torch.tensor([80.0, -80.0, 448.0, -448.0])
+        x[1, f : f + 4] = torch.tensor([0.75, -3.0, 1.25, 0.0])  # silu(-448) * 0 = -0 * 0
+        x[2, 1] = float("nan")
+        x[2, 2] = float("-inf")  # silu(-inf) = -inf / inf = NaN
+        x[2, f - 2] = float("inf")
+        x[2, 2 * f - 1] = float("-inf")  # up
+    return x.to(dtype)
+
+
+def _same_nan(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal bits, except that a NaN only has to meet a NaN (payloads and signs vary across backends)."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    nan = a.isnan()
+    assert torch.equal(nan, b.isnan())
+    ints = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    assert torch.equal(a[~nan].view(ints), b[~nan].view(ints))
+
+
+GLU_SHAPES = [(1, 16), (3, 48), (100, 16), (3, 768)]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's exp overflow, -inf / inf (interpreter)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("scope", ["row", "tensor"])
+@pytest.mark.parametrize("gather", [False, True], ids=["dense", "rows"])
+def test_silu_glu_quantize_equals_the_quantize_of_the_product(
+    dtype, scope, gather, poison, monkeypatch, device
+):
+    """nvfp4_quantize(x, silu_glu=True) == nvfp4_quantize(silu(gate) * up), packed bytes, scale bytes and
+    global scale, with the product formed in the kernel (neither torch's product nor a gathered copy is
+    made); `rows=` reads the rows in place, an index outside x giving a NaN row."""
+    from minite.kernels import quantize as kq
+
+    def no_torch(*args):
+        raise AssertionError("the fast path did not form the product (or gathered the rows)")
+
+    spec = QuantSpec(scope=scope)
+    for i, (rows, f) in enumerate(GLU_SHAPES):
+        x = _glu_input(rows, f, dtype, 60 + i).to(device)
+        prod = _glu_product(x, device)
+        kw = {}
+        if gather:
+            idx = torch.tensor([rows - 1, 0, rows, rows - 1, -1] + list(range(rows)))
+            ok = (idx >= 0) & (idx < rows)
+            prod = torch.where(ok[:, None].to(device), prod[idx.clamp(0, rows - 1).to(device)], float("nan"))
+            kw["rows"] = idx.to(device)
+        with monkeypatch.context() as m:
+            m.setattr(kq, "_silu_glu_torch", no_torch)
+            m.setattr(kq, "_gathered", no_torch)
+            got = nvfp4_quantize(x, spec, silu_glu=True, **kw)
+        want = nvfp4_quantize(prod, spec)
+        _same(got, _cpu(want))
+        _same(got, ref_quantize(prod.cpu(), spec))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("scope", ["tensor", "row"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_grouped_silu_glu_equals_the_grouped_quantize_of_the_product(scope, dtype, poison, device):
+    """Per expert amax (tensor scope) and per row, with and without rows= (the tensor scope gathers)."""
+    x = _glu_input(25, 32, dtype, 70).to(device)
+    offs = torch.tensor(OFFSETS, device=device)
+    spec = QuantSpec(scope=scope)
+    prod = _glu_product(x, device)
+    got = nvfp4_quantize_grouped(x, offs, spec, silu_glu=True)
+    _same(got, _cpu(nvfp4_quantize_grouped(prod, offs, spec)))
+    tok = torch.tensor(
+        [3, 0, 7, 7, 10, 2, 5, 1, 9, 4, 6, 8, 3, 0, 2, 5, 1, 10, 9, 6, 4, 8, 7, 0, 2], device=device
+    )
+    got = nvfp4_quantize_grouped(x, offs, spec, silu_glu=True, rows=tok)
+    _same(got, _cpu(nvfp4_quantize_grouped(prod[tok], offs, spec)))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["stochastic", "rht", "16x16", "transpose", "check_finite", "float64", "general-kernel", "grouped-rht"],
+)
+def test_silu_glu_off_the_fast_path_quantizes_torchs_product(case, poison, monkeypatch, device):
+    """Where the fast kernel does not form the product, silu_glu quantizes torch's F.silu(gate) * up: the
+    same bits as quantizing that product (stochastic with the same seed)."""
+    from minite.kernels import quantize as kq
+
+    x = _x((16, 64), 71, torch.float64 if case == "float64" else torch.bfloat16).to(device)
+    gate, up = x.chunk(2, dim=-1)
+    prod = F.silu(gate) * up
+    spec = {
+        "stochastic": QuantSpec(scope="row", rounding="stochastic"),
+        "rht": QuantSpec(rht=True),
+        "16x16": QuantSpec(block="16x16"),
+        "grouped-rht": QuantSpec(rht=True),
+    }.get(case, QuantSpec())
+    kw = {"seed": 5, "transpose": case == "transpose", "check_finite": case == "check_finite"}
+    if case == "general-kernel":
+        monkeypatch.setattr(kq, "FAST_1X16", False)
+    if case == "grouped-rht":
+        offs = torch.tensor([0, 5, 16], device=device)
+        got = nvfp4_quantize_grouped(x, offs, spec, silu_glu=True)
+        _same(got, _cpu(nvfp4_quantize_grouped(prod, offs, spec)))
+        return
+    _same(nvfp4_quantize(x, spec, silu_glu=True, **kw), _cpu(nvfp4_quantize(prod, spec, **kw)))
+    if case == "stochastic":  # the rows are gathered before torch's product
+        idx = torch.tensor([3, 15, 3, 0], device=device)
+        got = nvfp4_quantize(x, spec, silu_glu=True, rows=idx, **kw)
+        _same(got, _cpu(nvfp4_quantize(prod[idx], spec, **kw)))
+    if case == "check_finite":  # the check sees the product: silu(-inf) is NaN
+        x[3, 5] = float("-inf")
+        with pytest.raises(NonFiniteError):
+            nvfp4_quantize(x, spec, silu_glu=True, check_finite=True)
+
+
+def test_silu_glu_shape_errors(device):
+    for shape in [(3, 48), (3, 40), (3, 33)]:  # F = 24, F = 20, odd
+        x = torch.zeros(shape, device=device)
+        with pytest.raises(ValueError, match=rf"silu_glu needs .*got shape \({shape[0]}, {shape[1]}\)"):
+            nvfp4_quantize(x, QuantSpec(scope="row"), silu_glu=True)
+        with pytest.raises(ValueError, match="silu_glu needs"):
+            nvfp4_quantize_grouped(x, torch.tensor([0, 3], device=device), QuantSpec(), silu_glu=True)
+    with pytest.raises(ValueError, match="cannot quantize an empty tensor"):
+        nvfp4_quantize(torch.zeros(3, 0, 32, device=device), QuantSpec(), silu_glu=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_silu_glu_product_for_every_finite_gate(dtype, device):
+    """The prologue on its own (`_silu_glu_product`, the quantize kernel's @triton.jit helper) against
+    torch's CUDA F.silu(gate) * up (interpreter: the numpy emulation), bit for bit: every finite bf16 /
+    fp16 gate bit pattern (float32: 2^16 gates over the whole range) against random up values of spread
+    magnitudes, in rows of 768, then every pairing of special gate and up values (NaN meets NaN)."""
+    g = gen(72)
+    if dtype == torch.float32:
+        gate = torch.randint(-(2**31), 2**31 - 1, (65536,), generator=g, dtype=torch.int32).view(dtype)
+    else:
+        gate = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    gate = gate[torch.isfinite(gate)]
+    gate = torch.cat([gate, gate.new_zeros(-gate.numel() % 768)]).reshape(-1, 768)
+    up = (torch.randn(gate.shape, generator=g) * torch.exp(torch.randn(gate.shape, generator=g) * 3)).to(
+        dtype
+    )
+    x = torch.cat([gate, up], dim=1).to(device)
+    _same_nan(_silu_glu_product(x), _glu_product(x, device))
+    finfo = torch.finfo(dtype)
+    special = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        80.0,
+        -80.0,
+        448.0,
+        -448.0,
+        88.5,
+        -88.5,
+        104.0,
+        -104.0,
+        finfo.max,
+        -finfo.max,
+    ]
+    special += [
+        finfo.tiny,
+        -finfo.tiny,
+        finfo.tiny / 8,
+        -finfo.tiny / 8,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+    ]
+    s = torch.tensor(special, dtype=torch.float64).to(dtype)
+    gs, us = torch.meshgrid(s, s, indexing="ij")
+    x = torch.cat([gs.reshape(-1, 1), us.reshape(-1, 1)], dim=1).to(device)
+    _same_nan(_silu_glu_product(x), _glu_product(x, device))

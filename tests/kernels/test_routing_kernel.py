@@ -8,6 +8,7 @@ are not a multiple of the column block, NaN rows. Outputs are poisoned before ev
 
 import pytest
 import torch
+from torch import nn
 
 from minite.kernels.moe import quant_experts_forward, sort_by_expert
 from minite.kernels.routing import (
@@ -21,6 +22,7 @@ from minite.nn.functional import SeedSource
 from minite.nn.moe import QuantExperts, grouped_inference_forward
 
 from ..numerics.numerics_ref import gen
+from .kernel_ref import silu_glu_emulated
 from .test_grouped_gemm_kernel import NUMERICS, TE_NUMERICS, _Experts
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
@@ -89,9 +91,15 @@ def test_combine_rejects_mismatched_shapes(device):
 
 @pytest.mark.parametrize("numerics", [NUMERICS, TE_NUMERICS], ids=["minite", "te"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_sampler_forward_equals_the_trainer_forward(numerics, dtype, device):
-    """grouped_inference_forward (routing and combine kernels, GEMMs writing the model dtype) gives the
-    bits of quant_experts_forward (torch routing and combine, the trainer's autograd path)."""
+def test_sampler_forward_equals_the_trainer_forward(numerics, dtype, monkeypatch, device):
+    """grouped_inference_forward (routing and combine kernels, GEMMs writing the model dtype, on CUDA the
+    SiLU formed by the down projection's quantize) gives the bits of quant_experts_forward (torch routing,
+    SiLU and combine, the trainer's autograd path)."""
+    from minite.kernels import quantize as kq
+
+    calls = []
+    grouped = kq.nvfp4_quantize_grouped
+    monkeypatch.setattr(kq, "nvfp4_quantize_grouped", lambda *a, **k: calls.append(k) or grouped(*a, **k))
     g = gen(7)
     e, d, i, t, a = 4, 32, 16, 9, 2
     mod = QuantExperts(_Experts(e, d, i, g), numerics, SeedSource(0), "experts")
@@ -99,6 +107,42 @@ def test_sampler_forward_equals_the_trainer_forward(numerics, dtype, device):
     h = torch.randn(t, d, generator=g).to(device=device, dtype=dtype)
     idx = _ids(t, a, e, g).to(device)
     wts = torch.rand(t, a, generator=g).to(device)
+    with torch.no_grad():
+        got = grouped_inference_forward(mod, h, idx, wts)
+        fused = [k.get("silu_glu", False) for k in calls]
+        want = quant_experts_forward(mod, h, idx, wts)
+    # on CPU the interpreter's exp is numpy's, not torch's: the fused path is CUDA's (tested below on CPU)
+    assert fused == [False, device == "cuda"]
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+class _EmulatedSiLU(nn.Module):
+    """silu with the arithmetic the quantize kernel's silu_glu prologue has under the interpreter."""
+
+    def forward(self, gate: torch.Tensor) -> torch.Tensor:
+        return silu_glu_emulated(torch.cat([gate, torch.ones_like(gate)], dim=-1))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's exp overflow (interpreter)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_sampler_forward_with_the_fused_silu_equals_the_trainer_forward_on_cpu(dtype, monkeypatch, device):
+    """The fused path's plumbing under the interpreter (on CUDA the test above runs it against torch's
+    silu): forced on, against the trainer forward with a silu of the interpreter's arithmetic (the product
+    by 1 is exact, and `silu * up` in torch then rounds as the kernel does)."""
+    import minite.nn.moe as moe
+
+    if device == "cuda":
+        pytest.skip("on CUDA the fused path is compared with torch's own silu above")
+    g = gen(8)
+    e, d, i, t, a = 4, 32, 32, 7, 3
+    mod = QuantExperts(_Experts(e, d, i, g), NUMERICS, SeedSource(0), "experts").to(
+        device=device, dtype=dtype
+    )
+    mod.act_fn = _EmulatedSiLU()
+    h = torch.randn(t, d, generator=g).to(device=device, dtype=dtype) * 4
+    idx = _ids(t, a, e, g).to(device)
+    wts = torch.rand(t, a, generator=g).to(device)
+    monkeypatch.setattr(moe, "_fuse_silu_glu", lambda module, x: True)
     with torch.no_grad():
         got = grouped_inference_forward(mod, h, idx, wts)
         want = quant_experts_forward(mod, h, idx, wts)
