@@ -3,6 +3,8 @@
 # kernel tests of that path and the alignment checks first (nothing is timed if one fails), then the
 # decode-step profile and the committed rollout command. One H200, about 6 minutes; 6 files in $OUT.
 #   OUT=/path bash scripts/gpu/verify_decode.sh
+# On the device tool's copy of the tree, `git rev-parse HEAD` gives the session's base commit, not the
+# code that runs: put MINITE_GIT_COMMIT=<local HEAD> in the command so the result files name the right one.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results/bench}
