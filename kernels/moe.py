@@ -208,15 +208,21 @@ def vllm_experts_forward(
     """MiniteMoEMethod._run_experts (quantized experts, no expert map) on the grouped kernels: w13 and
     w2 stacked per expert with per-row global scales (E, N, 1). As the loop: GEMM outputs in x's dtype,
     the routing weight cast to that dtype, contributions summed in float32 in expert order, one final
-    cast to x's dtype (minite.kernels.routing: one kernel each for the routing and the combine)."""
+    cast to x's dtype (minite.kernels.routing: one kernel each for the routing and the combine). On CUDA
+    the routed rows are quantized in place (rows=) and the down projection's quantize forms
+    silu(gate) * up itself (silu_glu: torch's CUDA bits, checked on every finite bf16/fp16 gate); under
+    the interpreter silu_glu's exp is numpy's, so the CPU path keeps torch's two ops."""
     import torch.nn.functional as F
 
     num_experts = w13.qdata.shape[0]
     tok, inv, offsets = route_by_expert(topk_ids, num_experts)
-    xs = x[tok]
-    h = nvfp4_grouped_matmul(nvfp4_quantize_grouped(xs, offsets, act_spec), w13, offsets, out_dtype=x.dtype)
-    a = F.silu(h[:, :intermediate]) * h[:, intermediate:]
-    y = nvfp4_grouped_matmul(nvfp4_quantize_grouped(a, offsets, act_spec), w2, offsets, out_dtype=x.dtype)
+    qx = nvfp4_quantize_grouped(x, offsets, act_spec, rows=tok)
+    h = nvfp4_grouped_matmul(qx, w13, offsets, out_dtype=x.dtype)
+    if h.is_cuda and h.shape[-1] == 2 * intermediate:
+        qa = nvfp4_quantize_grouped(h, offsets, act_spec, silu_glu=True)
+    else:
+        qa = nvfp4_quantize_grouped(F.silu(h[:, :intermediate]) * h[:, intermediate:], offsets, act_spec)
+    y = nvfp4_grouped_matmul(qa, w2, offsets, out_dtype=x.dtype)
     return combine_routed(y, inv, topk_ids, topk_weights, x.dtype)
 
 
