@@ -167,6 +167,13 @@ if HAS_TRITON:
         return r.to(tl.uint16).to(tl.int16, bitcast=True)
 
     @triton.jit
+    def _bf16_round(v):
+        """float32 -> the nearest-even bfloat16 value, as float32 (what a bf16 store and load give), on
+        the bits of `_bf16_bits_rne`, so the interpreter rounds as the GPU does."""
+        bits = _bf16_bits_rne(v).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _store_out(ptrs, v, mask, BF16_BITS: tl.constexpr):
         """Store float32 `v` in the output's dtype. BF16_BITS: the output is bf16 viewed as int16
         (`out_arg`), rounded by `_bf16_bits_rne`, so the interpreter rounds as the GPU does."""

@@ -27,14 +27,13 @@ import torch
 from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _bf16_bits_rne, _store_out
+    from ._triton import _bf16_round, _store_out
 
     @triton.jit
     def _round_to_16(v, BF16: tl.constexpr):
         """float32 -> the nearest bf16 / fp16 value, back in float32 (what a store and a load give)."""
         if BF16:
-            bits = _bf16_bits_rne(v).to(tl.uint16, bitcast=True).to(tl.uint32) << 16
-            return bits.to(tl.float32, bitcast=True)
+            return _bf16_round(v)
         else:
             return v.to(tl.float16).to(tl.float32)
 

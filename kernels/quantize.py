@@ -74,7 +74,7 @@ if HAS_TRITON:
     from triton.language.extra import libdevice
 
     from ._triton import (
-        _bf16_bits_rne,
+        _bf16_round,
         _e2m1_rne,
         _e2m1_stochastic,
         _e4m3_rne,
@@ -291,13 +291,6 @@ if HAS_TRITON:
 
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _bf16_round(v):
-        """float32 -> the nearest-even bfloat16 value, as float32. On the bits (`_bf16_bits_rne`), not a
-        cast: the interpreter truncates float32 -> bfloat16 casts."""
-        bits = _bf16_bits_rne(v).to(tl.uint16, bitcast=True).to(tl.uint32)
-        return (bits << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _bf16_to_f32(v):

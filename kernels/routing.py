@@ -28,7 +28,7 @@ from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, r
 ROUTE_MAX_PAIRS = 4096  # one program sorts this many (token, slot) pairs; more go to torch's sort
 
 if HAS_TRITON:
-    from ._triton import _bf16_bits_rne, _store_out
+    from ._triton import _bf16_round, _store_out
 
     @triton.jit
     def _route_kernel(
@@ -54,11 +54,6 @@ if HAS_TRITON:
         j = tl.arange(0, E_BINS)
         tl.store(offs_ptr + 1 + j, ends, mask=j < E)
         tl.store(offs_ptr + j, tl.zeros_like(j), mask=j == 0)
-
-    @triton.jit
-    def _bf16_round(v):
-        """float32 -> the nearest-even bfloat16 value, as float32."""
-        return (_bf16_bits_rne(v).to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _combine_kernel(
