@@ -378,6 +378,24 @@ if HAS_TRITON:
         return w - 0x3F400000
 
     @triton.jit
+    def _load_halves(base, mask, NB, GLU: tl.constexpr, LIBDEVICE: tl.constexpr):
+        """The two 8-element halves of each block at `base` (R, NB, 8 pointers) as float32; GLU: the
+        rows are [gate | up] and the halves silu(gate) * up."""
+        if GLU:  # up is 16 * NB columns right of gate; masked lanes: silu(0) * 0 = 0, as a plain load
+            x0 = _silu_glu(
+                tl.load(base, mask=mask, other=0.0), tl.load(base + NB * 16, mask=mask, other=0.0), LIBDEVICE
+            )
+            x1 = _silu_glu(
+                tl.load(base + 8, mask=mask, other=0.0),
+                tl.load(base + NB * 16 + 8, mask=mask, other=0.0),
+                LIBDEVICE,
+            )
+        else:
+            x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
+        return x0, x1
+
+    @triton.jit
     def _nvfp4_quant1x16_kernel(
         x_ptr,
         src_ptr,
@@ -399,6 +417,7 @@ if HAS_TRITON:
         GATHER: tl.constexpr,  # row r of the problem is row src_ptr[r] of x (an index outside x: NaN)
         GLU: tl.constexpr,  # x rows are [gate | up] (2 * 16 * NB wide): quantize silu(gate) * up
         LIBDEVICE: tl.constexpr,  # GLU's exp: libdevice's (GPU) or tl.exp (the interpreter)
+        RELOAD: tl.constexpr,  # read the tile again for the quantize pass instead of holding it in registers
         BLOCK_R: tl.constexpr,
         BLOCK_NB: tl.constexpr,
         F8_MAX: tl.constexpr,
@@ -432,25 +451,15 @@ if HAS_TRITON:
             + (blocks * 16)[None, :, None]
             + tl.arange(0, 8)[None, None, :]
         )
-        if GLU:  # up is 16 * NB columns right of gate; masked lanes: silu(0) * 0 = 0, as a plain load
-            x0 = _silu_glu(
-                tl.load(base, mask=mask, other=0.0), tl.load(base + NB * 16, mask=mask, other=0.0), LIBDEVICE
-            )
-            x1 = _silu_glu(
-                tl.load(base + 8, mask=mask, other=0.0),
-                tl.load(base + NB * 16 + 8, mask=mask, other=0.0),
-                LIBDEVICE,
-            )
-        else:
-            x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-            x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
+        x0, x1 = _load_halves(base, mask, NB, GLU, LIBDEVICE)
         if GATHER:
             x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
             x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
         bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
         bad = (bamax != bamax) | (bamax == float("inf"))
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
-        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+        non_finite = tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0
+        if non_finite:
             # rare: drop non-finite values from every max, as the reference does
             x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
             x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
@@ -487,6 +496,16 @@ if HAS_TRITON:
             inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
             d = bs * inv_s
             mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
+        if RELOAD:
+            # the tile again (from L1/L2: this program read it moments ago), so the registers need not
+            # hold it across the maxima: fewer registers, more resident programs to hide the loads
+            x0, x1 = _load_halves(base, mask, NB, GLU, LIBDEVICE)
+            if GATHER:
+                x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
+                x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
+            if non_finite:
+                x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
+                x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
         w0 = _pack8(x0, mult, BLOCK_R, BLOCK_NB)
         w1 = _pack8(x1, mult, BLOCK_R, BLOCK_NB)
         q_ptrs = q_ptr + brow.to(tl.int64)[:, None, None] * (NB * 2) + (blocks * 2)[None, :, None]
@@ -577,6 +596,8 @@ class _Problem:
 FAST_1X16 = True
 # (BLOCK_R, BLOCK_NB, num_warps) forced for the benchmark's sweep of the fast path (None: _fast_tile)
 FAST_TILE_OVERRIDE: tuple[int, int, int] | None = None
+FAST_RELOAD = False
+FAST_MAXNREG: int | None = None
 
 
 def _fast_tile(nb: int, single_row_tile: bool, glu: bool = False) -> tuple[int, int, int]:
@@ -666,10 +687,12 @@ def _launch_fast(
         GATHER=prob.rows is not None,
         GLU=prob.glu,
         LIBDEVICE=not interpret_mode(),
+        RELOAD=FAST_RELOAD,
         BLOCK_R=block_r,
         BLOCK_NB=block_nb,
         num_warps=num_warps,
         enable_reflect_ftz=False,  # GLU: torch's expf (see _silu_glu)
+        **({"maxnreg": FAST_MAXNREG} if FAST_MAXNREG and not interpret_mode() else {}),
         **CONSTS,
     )
     return q, s, gs_out, amax

@@ -1,0 +1,152 @@
+"""Issue 6 sweep on one GPU: the 1x16 quantize kernel's launch variants at 8192x8192 and the grouped
+W4A4 GEMM's tiles at Qwen3-30B-A3B expert shapes, each against a baseline timed in the same process
+(device copy of the same bytes; torch._grouped_mm bf16), and each checked against the shipped path's
+output on the same inputs (bytes for the quantize, bits for the GEMM: wgmma tiles of one BLOCK_K agree).
+
+    python scripts/gpu/issue6_sweep.py [--only quantize|grouped] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from minite.bench.kernels import _randn, bench, bench_graph, copies_for
+from minite.kernels import nvfp4_quantize
+from minite.kernels import quantize as kq
+from minite.kernels.gemm import GemmConfig
+from minite.kernels.grouped_gemm import GROUPED_CONFIG, nvfp4_grouped_matmul
+from minite.kernels.moe import sort_by_expert
+from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped
+from minite.numerics import QuantSpec
+
+# (label, tile (BLOCK_R, BLOCK_NB, warps), RELOAD, maxnreg)
+QUANT_VARIANTS = [
+    ("shipped", None, False, None),
+    ("1x512 w4 reload", (1, 512, 4), True, None),
+    ("1x512 w8", (1, 512, 8), False, None),
+    ("1x512 w8 reload", (1, 512, 8), True, None),
+    ("1x512 w4 maxnreg128", (1, 512, 4), False, 128),
+    ("1x512 w16 reload", (1, 512, 16), True, None),
+    ("2x512 w8 reload", (2, 512, 8), True, None),
+    ("2x512 w16 reload", (2, 512, 16), True, None),
+]
+
+GROUPED_VARIANTS = {
+    "shipped 128x256x128 w8 s3": GROUPED_CONFIG,
+    "128x256x128 w8 s2": GemmConfig(128, 256, 128, 8, 2),
+    "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
+    "128x128x128 w8 s3 maxnreg128": GemmConfig(128, 128, 128, 8, 3, maxnreg=128),
+    "128x128x128 w8 s2 maxnreg128": GemmConfig(128, 128, 128, 8, 2, maxnreg=128),
+    "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
+    "64x128x128 w4 s3": GemmConfig(64, 128, 128, 4, 3),
+    "64x128x128 w4 s3 maxnreg168": GemmConfig(64, 128, 128, 4, 3, maxnreg=168),
+    "swap 128tok x 256w w8 s3": GemmConfig(128, 256, 128, 8, 3, swap_ab=True),
+    "swap 64tok x 256w w8 s3": GemmConfig(64, 256, 128, 8, 3, swap_ab=True),
+    "swap 128tok x 128w w8 s3 maxnreg128": GemmConfig(128, 128, 128, 8, 3, swap_ab=True, maxnreg=128),
+}
+
+
+def sweep_quantize(out: dict) -> None:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    n = 8192
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    copy_ms = bench(lambda a, b: b.copy_(a), [(src, dst)])
+    copy_gbs = 2 * src.numel() * 2 / copy_ms / 1e6
+    del src, dst
+    sets = [(_randn((n, n), 30 + i),) for i in range(copies_for(n * n * 2, l2, 2))]
+    amax = float(sets[0][0].float().abs().amax())
+    bytes_io = n * n * 2 + n * n // 2 + n * n // 16
+    print(f"device copy {copy_gbs:.0f} GB/s; quantize ideal at that rate {bytes_io / copy_gbs / 1e6 * 1e3:.1f} us")
+    out["copy_GBps"] = copy_gbs
+    cases = {
+        "per-row one pass": (QuantSpec(scope="row"), {}),
+        "per-tensor quantize pass (amax known)": (QuantSpec(scope="static", flavor="te"), {"amax": amax}),
+    }
+    res = {}
+    for case, (spec, kw) in cases.items():
+        ref = None
+        for label, tile, reload, maxnreg in QUANT_VARIANTS:
+            kq.FAST_TILE_OVERRIDE, kq.FAST_RELOAD, kq.FAST_MAXNREG = tile, reload, maxnreg
+            try:
+                q = nvfp4_quantize(sets[0][0], spec, **kw)
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = q
+                    same = "reference"
+                else:
+                    dq = int((q.qdata != ref.qdata).sum())
+                    ds = int((q.scale.view(torch.uint8) != ref.scale.view(torch.uint8)).sum())
+                    same = "same bytes" if dq == ds == 0 else f"DIFFERS qdata {dq} scale {ds}"
+                ms = bench_graph(lambda x, spec=spec, kw=kw: nvfp4_quantize(x, spec, **kw), sets, calls=16)
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is a result too
+                ms, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+            finally:
+                kq.FAST_TILE_OVERRIDE, kq.FAST_RELOAD, kq.FAST_MAXNREG = None, False, None
+            frac = bytes_io / ms / 1e6 / copy_gbs
+            res[f"{case} | {label}"] = {"us": ms * 1e3, "fraction_of_copy": frac, "check": same}
+            print(f"quantize {case:40s} {label:24s} {ms * 1e3:7.1f} us  {frac:.3f} of copy  {same}", flush=True)
+    out["quantize"] = res
+
+
+def sweep_grouped(out: dict) -> None:
+    gmm = torch._grouped_mm
+    e, topk, hidden, ffn, tokens = 128, 8, 2048, 768, 4096
+    g = torch.Generator(device="cuda").manual_seed(90)
+    idx = torch.rand(tokens, e, generator=g, device="cuda").topk(topk, dim=1).indices
+    _, _, offs = sort_by_expert(idx, e)
+    rows_n = int(offs[-1])
+    offs_i32 = offs[1:].to(torch.int32)
+    res = {}
+    for label, n, k in (("gate_up", 2 * ffn, hidden), ("down", hidden, ffn)):
+        x = _randn((rows_n, k), 91)
+        w = _randn((e, n, k), 92)
+        qa = nvfp4_quantize_grouped(x, offs, QuantSpec(scope="row"))
+        qw = nvfp4_quantize_batched(w, QuantSpec(block="16x16"))
+        flops = 2 * rows_n * n * k
+        wt = w.transpose(1, 2)
+        base = bench(lambda a, b: gmm(a, b, offs=offs_i32), [(x, wt)])
+        print(f"grouped {label}: torch._grouped_mm bf16 {base * 1e3:.1f} us = {flops / base / 1e9:.0f} TFLOP/s")
+        ref = None
+        for cl, cfg in GROUPED_VARIANTS.items():
+            t0 = time.time()
+            try:
+                o = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=cfg)
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref, same = o, "reference"
+                else:
+                    d = int((o.view(torch.int16) != ref.view(torch.int16)).sum())
+                    same = "same bits" if d == 0 else f"DIFFERS in {d} of {o.numel()}"
+                t = bench(lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg),
+                          [(qa, qw)])
+            except Exception as exc:  # noqa: BLE001
+                t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+            res[f"{label} | {cl}"] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
+            print(f"grouped {label:8s} {cl:38s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+        res[f"{label} | torch._grouped_mm bf16"] = {"us": base * 1e3}
+    out["grouped"] = res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["quantize", "grouped"])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    out: dict = {"gpu": torch.cuda.get_device_name(0)}
+    if args.only in (None, "quantize"):
+        sweep_quantize(out)
+    if args.only in (None, "grouped"):
+        sweep_grouped(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
