@@ -61,7 +61,10 @@ def sweep_quantize(out: dict) -> None:
     sets = [(_randn((n, n), 30 + i),) for i in range(copies_for(n * n * 2, l2, 2))]
     amax = float(sets[0][0].float().abs().amax())
     bytes_io = n * n * 2 + n * n // 2 + n * n // 16
-    print(f"device copy {copy_gbs:.0f} GB/s; quantize ideal at that rate {bytes_io / copy_gbs / 1e6 * 1e3:.1f} us")
+    print(
+        f"device copy {copy_gbs:.0f} GB/s; quantize ideal at that rate "
+        f"{bytes_io / copy_gbs / 1e6 * 1e3:.1f} us"
+    )
     out["copy_GBps"] = copy_gbs
     cases = {
         "per-row one pass": (QuantSpec(scope="row"), {}),
@@ -89,7 +92,9 @@ def sweep_quantize(out: dict) -> None:
                 kq.FAST_TILE_OVERRIDE, kq.FAST_RELOAD, kq.FAST_MAXNREG = None, False, None
             frac = bytes_io / ms / 1e6 / copy_gbs
             res[f"{case} | {label}"] = {"us": ms * 1e3, "fraction_of_copy": frac, "check": same}
-            print(f"quantize {case:40s} {label:24s} {ms * 1e3:7.1f} us  {frac:.3f} of copy  {same}", flush=True)
+            print(
+                f"quantize {case:40s} {label:24s} {ms * 1e3:7.1f} us  {frac:.3f} of copy  {same}", flush=True
+            )
     out["quantize"] = res
 
 
@@ -110,7 +115,9 @@ def sweep_grouped(out: dict) -> None:
         flops = 2 * rows_n * n * k
         wt = w.transpose(1, 2)
         base = bench(lambda a, b: gmm(a, b, offs=offs_i32), [(x, wt)])
-        print(f"grouped {label}: torch._grouped_mm bf16 {base * 1e3:.1f} us = {flops / base / 1e9:.0f} TFLOP/s")
+        print(
+            f"grouped {label}: torch._grouped_mm bf16 {base * 1e3:.1f} us = {flops / base / 1e9:.0f} TFLOP/s"
+        )
         ref = None
         for cl, cfg in GROUPED_VARIANTS.items():
             t0 = time.time()
@@ -122,13 +129,18 @@ def sweep_grouped(out: dict) -> None:
                 else:
                     d = int((o.view(torch.int16) != ref.view(torch.int16)).sum())
                     same = "same bits" if d == 0 else f"DIFFERS in {d} of {o.numel()}"
-                t = bench(lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg),
-                          [(qa, qw)])
+                t = bench(
+                    lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg),
+                    [(qa, qw)],
+                )
             except Exception as exc:  # noqa: BLE001
                 t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
             res[f"{label} | {cl}"] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
-            print(f"grouped {label:8s} {cl:38s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
-                  f"({time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"grouped {label:8s} {cl:38s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
+                f"({time.time() - t0:.0f} s)",
+                flush=True,
+            )
         res[f"{label} | torch._grouped_mm bf16"] = {"us": base * 1e3}
     out["grouped"] = res
 
