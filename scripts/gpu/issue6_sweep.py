@@ -23,16 +23,18 @@ from minite.kernels.moe import sort_by_expert
 from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped
 from minite.numerics import QuantSpec
 
-# (label, tile (BLOCK_R, BLOCK_NB, warps), RELOAD, maxnreg)
+# (label, tile (BLOCK_R, BLOCK_NB, warps), maxnreg, persistent (programs per SM, stages))
 QUANT_VARIANTS = [
-    ("shipped", None, False, None),
-    ("1x512 w4 reload", (1, 512, 4), True, None),
-    ("1x512 w8", (1, 512, 8), False, None),
-    ("1x512 w8 reload", (1, 512, 8), True, None),
-    ("1x512 w4 maxnreg128", (1, 512, 4), False, 128),
-    ("1x512 w16 reload", (1, 512, 16), True, None),
-    ("2x512 w8 reload", (2, 512, 8), True, None),
-    ("2x512 w16 reload", (2, 512, 16), True, None),
+    ("shipped", None, None, None),
+    ("1x512 w4 persistent 2/SM s3", (1, 512, 4), None, (2, 3)),
+    ("1x512 w4 persistent 2/SM s4", (1, 512, 4), None, (2, 4)),
+    ("1x512 w4 persistent 2/SM s2", (1, 512, 4), None, (2, 2)),
+    ("1x512 w4 persistent 3/SM s3 maxnreg168", (1, 512, 4), 168, (3, 3)),
+    ("1x512 w8 persistent 2/SM s3", (1, 512, 8), None, (2, 3)),
+    ("1x512 w8 persistent 2/SM s4", (1, 512, 8), None, (2, 4)),
+    ("1x512 w8 persistent 3/SM s3 maxnreg80", (1, 512, 8), 80, (3, 3)),
+    ("1x512 w2 persistent 4/SM s3", (1, 512, 2), None, (4, 3)),
+    ("1x512 w4 persistent 1/SM s4", (1, 512, 4), None, (1, 4)),
 ]
 
 GROUPED_VARIANTS = {
@@ -73,8 +75,8 @@ def sweep_quantize(out: dict) -> None:
     res = {}
     for case, (spec, kw) in cases.items():
         ref = None
-        for label, tile, reload, maxnreg in QUANT_VARIANTS:
-            kq.FAST_TILE_OVERRIDE, kq.FAST_RELOAD, kq.FAST_MAXNREG = tile, reload, maxnreg
+        for label, tile, maxnreg, persistent in QUANT_VARIANTS:
+            kq.FAST_TILE_OVERRIDE, kq.FAST_MAXNREG, kq.FAST_PERSISTENT = tile, maxnreg, persistent
             try:
                 q = nvfp4_quantize(sets[0][0], spec, **kw)
                 torch.cuda.synchronize()
@@ -89,11 +91,11 @@ def sweep_quantize(out: dict) -> None:
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is a result too
                 ms, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
             finally:
-                kq.FAST_TILE_OVERRIDE, kq.FAST_RELOAD, kq.FAST_MAXNREG = None, False, None
+                kq.FAST_TILE_OVERRIDE, kq.FAST_MAXNREG, kq.FAST_PERSISTENT = None, None, None
             frac = bytes_io / ms / 1e6 / copy_gbs
             res[f"{case} | {label}"] = {"us": ms * 1e3, "fraction_of_copy": frac, "check": same}
             print(
-                f"quantize {case:40s} {label:24s} {ms * 1e3:7.1f} us  {frac:.3f} of copy  {same}", flush=True
+                f"quantize {case:40s} {label:40s} {ms * 1e3:7.1f} us  {frac:.3f} of copy  {same}", flush=True
             )
     out["quantize"] = res
 
