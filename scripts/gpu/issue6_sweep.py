@@ -39,16 +39,13 @@ QUANT_VARIANTS = [
 
 GROUPED_VARIANTS = {
     "shipped 128x256x128 w8 s3": GROUPED_CONFIG,
-    "128x256x128 w8 s2": GemmConfig(128, 256, 128, 8, 2),
-    "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
-    "128x128x128 w8 s3 maxnreg128": GemmConfig(128, 128, 128, 8, 3, maxnreg=128),
-    "128x128x128 w8 s2 maxnreg128": GemmConfig(128, 128, 128, 8, 2, maxnreg=128),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
-    "64x128x128 w4 s3": GemmConfig(64, 128, 128, 4, 3),
-    "64x128x128 w4 s3 maxnreg168": GemmConfig(64, 128, 128, 4, 3, maxnreg=168),
-    "swap 128tok x 256w w8 s3": GemmConfig(128, 256, 128, 8, 3, swap_ab=True),
-    "swap 64tok x 256w w8 s3": GemmConfig(64, 256, 128, 8, 3, swap_ab=True),
-    "swap 128tok x 128w w8 s3 maxnreg128": GemmConfig(128, 128, 128, 8, 3, swap_ab=True, maxnreg=128),
+    "128x128x128 w4 s4": GemmConfig(128, 128, 128, 4, 4),
+    "swap 128tok x 256w w16 s3": GemmConfig(128, 256, 128, 16, 3, swap_ab=True),
+    "swap 128tok x 256w w16 s4": GemmConfig(128, 256, 128, 16, 4, swap_ab=True),
+    "swap 64tok x 256w w16 s3": GemmConfig(64, 256, 128, 16, 3, swap_ab=True),
+    "swap 128tok x 128w w8 s3": GemmConfig(128, 128, 128, 8, 3, swap_ab=True),
+    "swap 128tok x 128w w4 s3": GemmConfig(128, 128, 128, 4, 3, swap_ab=True),
 }
 
 
