@@ -40,6 +40,16 @@ if HAS_TRITON:
 # (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms, 128x256x64 1.08 ms
 # (results/bench/kernels_h200.json)
 GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
+# Many rows, short K (the experts' down projection: K = 768 at Qwen3-30B-A3B, 6 K steps a tile): a 4-warp
+# tile, two programs a SM (255 registers, 68 KB shared each), so one program's prologue and epilogue overlap
+# the other's main loop. H200, 4096 tokens top-8, down: 409.5 and 412.7 us against GROUPED_CONFIG's 437.0
+# and 433.1 in two runs, the same bits (scripts/gpu/issue6_sweep.py, results/bench/issue6_sweep_h200.md).
+GROUPED_SHORT_K_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=3)
+SHORT_K = 1024  # K up to this takes GROUPED_SHORT_K_CONFIG
+# Many rows, longer K (gate_up: K = 2048): the product transposed, 256 weight rows on the wgmma's M side
+# (four warpgroups of 64) and 128 tokens on its N side, 16 warps (126 registers). gate_up: 728.9 us against
+# GROUPED_CONFIG's 753.9 (same run; same bits).
+GROUPED_LONG_K_CONFIG = GemmConfig(128, 256, 128, num_warps=16, num_stages=3, swap_ab=True)
 # Few rows per expert (decode). Batch-invariant (per-row activation scales, the minite recipe): a 64-row
 # wgmma tile, which on the H200 gives GROUPED_CONFIG's bits (every wgmma tile of one K step does;
 # scripts/gpu/tile_bits.py). Otherwise, up to 16 rows per expert, a 16-row tile, faster but on mma.sync,
@@ -250,17 +260,20 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
     )
 
 
-def grouped_config(rows: int, experts: int, batch_invariant: bool = True) -> GemmConfig:
-    """The forward/dgrad config for `rows` routed rows over `experts`: a function of the shape only.
-    `batch_invariant`: only wgmma tiles of one BLOCK_K, whose bits (on the H200) do not depend on the tile,
-    so a row's result does not depend on how many rows the batch has."""
+def grouped_config(rows: int, experts: int, batch_invariant: bool = True, k: int | None = None) -> GemmConfig:
+    """The forward/dgrad config for `rows` routed rows over `experts` with reduction length `k` (None: the
+    long-K choice): a function of the shape only. `batch_invariant`: only wgmma tiles of one BLOCK_K, whose
+    bits (on the H200) do not depend on the tile, so a row's result does not depend on how many rows the
+    batch has."""
     if not batch_invariant and rows <= FAST_ROWS_PER_EXPERT * experts:
         return GROUPED_FEW_ROWS_FAST_CONFIG
     if rows <= SWAP_ROWS_PER_EXPERT * experts:
         return GROUPED_SWAP_CONFIG
     if rows <= FEW_ROWS_PER_EXPERT * experts:
         return GROUPED_FEW_ROWS_CONFIG
-    return GROUPED_CONFIG
+    if k is not None and k <= SHORT_K:
+        return GROUPED_SHORT_K_CONFIG
+    return GROUPED_LONG_K_CONFIG
 
 
 def nvfp4_grouped_matmul(
@@ -306,7 +319,7 @@ def nvfp4_grouped_matmul(
         return out
     if batch_invariant is None:
         batch_invariant = a.spec.scope == "row"
-    cfg = config or grouped_config(t, e, batch_invariant)
+    cfg = config or grouped_config(t, e, batch_invariant, k)
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))

@@ -54,7 +54,6 @@ a NaN scale (byte 0x7F), so the block dequantizes to NaN. `check_finite=True` ra
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -379,25 +378,7 @@ if HAS_TRITON:
         return w - 0x3F400000
 
     @triton.jit
-    def _load_halves(base, mask, NB, GLU: tl.constexpr, LIBDEVICE: tl.constexpr):
-        """The two 8-element halves of each block at `base` (R, NB, 8 pointers) as float32; GLU: the
-        rows are [gate | up] and the halves silu(gate) * up."""
-        if GLU:  # up is 16 * NB columns right of gate; masked lanes: silu(0) * 0 = 0, as a plain load
-            x0 = _silu_glu(
-                tl.load(base, mask=mask, other=0.0), tl.load(base + NB * 16, mask=mask, other=0.0), LIBDEVICE
-            )
-            x1 = _silu_glu(
-                tl.load(base + 8, mask=mask, other=0.0),
-                tl.load(base + NB * 16 + 8, mask=mask, other=0.0),
-                LIBDEVICE,
-            )
-        else:
-            x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-            x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
-        return x0, x1
-
-    @triton.jit
-    def _quant1x16_tile(
+    def _nvfp4_quant1x16_kernel(
         x_ptr,
         src_ptr,
         q_ptr,
@@ -411,10 +392,6 @@ if HAS_TRITON:
         stride_xb,
         stride_xr,
         stride_gs_r,
-        pid_r,
-        pid_c,
-        pid_b,
-        n_ct,
         MODE: tl.constexpr,  # 0 quantize, 1 per-tile row maxima only
         GS_MODE: tl.constexpr,  # 0 one scalar, 1 one per row, 3 computed here per row (tile = whole row)
         FLAVOR: tl.constexpr,
@@ -429,9 +406,14 @@ if HAS_TRITON:
         FLOAT32_MAX: tl.constexpr,
         ONE_SIXTH: tl.constexpr,
     ):
-        """One (BLOCK_R rows, BLOCK_NB blocks) tile of _nvfp4_quant1x16_kernel: its maxima, then (MODE 0)
-        its scales and packed codes."""
-
+        """The 1x16 row-major fast path of _nvfp4_quantize_kernel (same numerics, bit for bit): a
+        program quantizes a (BLOCK_R rows, BLOCK_NB blocks) tile; each block's 16 elements are read as
+        two halves of 8 into the same thread, so block maxima, scales and multipliers are computed
+        once per block (no cross-thread reduction, no replicated block math), and the block's packed
+        8 bytes are written as two int32 words."""
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        pid_b = tl.program_id(2).to(tl.int64)
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         blocks = pid_c * BLOCK_NB + tl.arange(0, BLOCK_NB)
         rmask = rows < R
@@ -450,15 +432,25 @@ if HAS_TRITON:
             + (blocks * 16)[None, :, None]
             + tl.arange(0, 8)[None, None, :]
         )
-        x0, x1 = _load_halves(base, mask, NB, GLU, LIBDEVICE)
+        if GLU:  # up is 16 * NB columns right of gate; masked lanes: silu(0) * 0 = 0, as a plain load
+            x0 = _silu_glu(
+                tl.load(base, mask=mask, other=0.0), tl.load(base + NB * 16, mask=mask, other=0.0), LIBDEVICE
+            )
+            x1 = _silu_glu(
+                tl.load(base + 8, mask=mask, other=0.0),
+                tl.load(base + NB * 16 + 8, mask=mask, other=0.0),
+                LIBDEVICE,
+            )
+        else:
+            x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
         if GATHER:
             x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
             x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
         bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
         bad = (bamax != bamax) | (bamax == float("inf"))
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
-        non_finite = tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0
-        if non_finite:
+        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
             # rare: drop non-finite values from every max, as the reference does
             x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
             x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
@@ -466,69 +458,9 @@ if HAS_TRITON:
             rmax = tl.max(bamax, axis=1)
         brow = pid_b * R + rows
         if MODE == 1:
+            n_ct = tl.num_programs(1)
             tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rmask)
-        else:
-            _quant1x16_store(
-                x0,
-                x1,
-                bamax,
-                bad,
-                rmax,
-                rows,
-                rmask,
-                blocks,
-                bmask,
-                mask,
-                brow,
-                pid_c,
-                q_ptr,
-                s_ptr,
-                gs_ptr,
-                gs_out_ptr,
-                NB,
-                stride_gs_r,
-                GS_MODE,
-                FLAVOR,
-                POW2,
-                BLOCK_R,
-                BLOCK_NB,
-                F8_MAX,
-                F8_F4_MAX,
-                FLOAT32_MAX,
-                ONE_SIXTH,
-            )
-
-    @triton.jit
-    def _quant1x16_store(
-        x0,
-        x1,
-        bamax,
-        bad,
-        rmax,
-        rows,
-        rmask,
-        blocks,
-        bmask,
-        mask,
-        brow,
-        pid_c,
-        q_ptr,
-        s_ptr,
-        gs_ptr,
-        gs_out_ptr,
-        NB,
-        stride_gs_r,
-        GS_MODE: tl.constexpr,
-        FLAVOR: tl.constexpr,
-        POW2: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_NB: tl.constexpr,
-        F8_MAX: tl.constexpr,
-        F8_F4_MAX: tl.constexpr,
-        FLOAT32_MAX: tl.constexpr,
-        ONE_SIXTH: tl.constexpr,
-    ):
-        """The tile's global, block scales and packed codes, from its values and maxima."""
+            return
         if GS_MODE == 3:
             s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
             tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
@@ -562,116 +494,6 @@ if HAS_TRITON:
         tl.store(q_ptrs, tl.join(w0, w1), mask=mask)
         sbyte = tl.where(bad, 0x7F, bs_byte).to(tl.uint8)
         tl.store(s_ptr + brow.to(tl.int64)[:, None] * NB + blocks[None, :], sbyte, mask=bmask)
-
-    @triton.jit
-    def _nvfp4_quant1x16_kernel(
-        x_ptr,
-        src_ptr,
-        q_ptr,
-        s_ptr,
-        gs_ptr,
-        gs_out_ptr,
-        amax_ptr,
-        R,
-        NB,
-        src_rows,
-        stride_xb,
-        stride_xr,
-        stride_gs_r,
-        MODE: tl.constexpr,  # 0 quantize, 1 per-tile row maxima only
-        GS_MODE: tl.constexpr,  # 0 one scalar, 1 one per row, 3 computed here per row (tile = whole row)
-        FLAVOR: tl.constexpr,
-        POW2: tl.constexpr,
-        GATHER: tl.constexpr,  # row r of the problem is row src_ptr[r] of x (an index outside x: NaN)
-        GLU: tl.constexpr,  # x rows are [gate | up] (2 * 16 * NB wide): quantize silu(gate) * up
-        LIBDEVICE: tl.constexpr,  # GLU's exp: libdevice's (GPU) or tl.exp (the interpreter)
-        STAGES: tl.constexpr,  # > 0: persistent programs over the row tiles, loads pipelined this deep
-        BLOCK_R: tl.constexpr,
-        BLOCK_NB: tl.constexpr,
-        F8_MAX: tl.constexpr,
-        F8_F4_MAX: tl.constexpr,
-        FLOAT32_MAX: tl.constexpr,
-        ONE_SIXTH: tl.constexpr,
-    ):
-        """The 1x16 row-major fast path of _nvfp4_quantize_kernel (same numerics, bit for bit): a
-        program quantizes a (BLOCK_R rows, BLOCK_NB blocks) tile; each block's 16 elements are read as
-        two halves of 8 into the same thread, so block maxima, scales and multipliers are computed
-        once per block (no cross-thread reduction, no replicated block math), and the block's packed
-        8 bytes are written as two int32 words."""
-        pid_c = tl.program_id(1)
-        pid_b = tl.program_id(2).to(tl.int64)
-        n_ct = tl.num_programs(1)
-        if STAGES > 0:
-            # a program per resident slot walks the row tiles; the pipeliner issues the next tiles' loads
-            # (cp.async into shared memory) while this one computes, which one tile a program cannot do
-            for pid_r in tl.range(
-                tl.program_id(0), tl.cdiv(R, BLOCK_R), tl.num_programs(0), num_stages=STAGES
-            ):
-                _quant1x16_tile(
-                    x_ptr,
-                    src_ptr,
-                    q_ptr,
-                    s_ptr,
-                    gs_ptr,
-                    gs_out_ptr,
-                    amax_ptr,
-                    R,
-                    NB,
-                    src_rows,
-                    stride_xb,
-                    stride_xr,
-                    stride_gs_r,
-                    pid_r,
-                    pid_c,
-                    pid_b,
-                    n_ct,
-                    MODE,
-                    GS_MODE,
-                    FLAVOR,
-                    POW2,
-                    GATHER,
-                    GLU,
-                    LIBDEVICE,
-                    BLOCK_R,
-                    BLOCK_NB,
-                    F8_MAX,
-                    F8_F4_MAX,
-                    FLOAT32_MAX,
-                    ONE_SIXTH,
-                )
-        else:
-            _quant1x16_tile(
-                x_ptr,
-                src_ptr,
-                q_ptr,
-                s_ptr,
-                gs_ptr,
-                gs_out_ptr,
-                amax_ptr,
-                R,
-                NB,
-                src_rows,
-                stride_xb,
-                stride_xr,
-                stride_gs_r,
-                tl.program_id(0),
-                pid_c,
-                pid_b,
-                n_ct,
-                MODE,
-                GS_MODE,
-                FLAVOR,
-                POW2,
-                GATHER,
-                GLU,
-                LIBDEVICE,
-                BLOCK_R,
-                BLOCK_NB,
-                F8_MAX,
-                F8_F4_MAX,
-                FLOAT32_MAX,
-                ONE_SIXTH,
-            )
 
 
 # --- host side -------------------------------------------------------------------------------------------
@@ -755,14 +577,6 @@ class _Problem:
 FAST_1X16 = True
 # (BLOCK_R, BLOCK_NB, num_warps) forced for the benchmark's sweep of the fast path (None: _fast_tile)
 FAST_TILE_OVERRIDE: tuple[int, int, int] | None = None
-FAST_MAXNREG: int | None = None
-# (programs per SM, pipeline stages): persistent programs over the row tiles; None: one program a tile
-FAST_PERSISTENT: tuple[int, int] | None = None
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _fast_tile(nb: int, single_row_tile: bool, glu: bool = False) -> tuple[int, int, int]:
@@ -822,11 +636,6 @@ def _launch_fast(
     nb = c // BLOCK
     block_r, block_nb, num_warps = _fast_tile(nb, single_row_tile, prob.glu)
     grid = (triton.cdiv(r, block_r), triton.cdiv(nb, block_nb), b)
-    stages = 0
-    if FAST_PERSISTENT is not None:
-        per_sm, stages = FAST_PERSISTENT
-        slots = _sm_count(dev) * per_sm if dev.type == "cuda" else 4
-        grid = (max(1, min(grid[0], slots // (grid[1] * b))), grid[1], b)
     dummy = torch.empty(1, dtype=torch.float32, device=dev)
     q = s = gs_out = amax = None
     if mode == 1:
@@ -857,12 +666,10 @@ def _launch_fast(
         GATHER=prob.rows is not None,
         GLU=prob.glu,
         LIBDEVICE=not interpret_mode(),
-        STAGES=stages,
         BLOCK_R=block_r,
         BLOCK_NB=block_nb,
         num_warps=num_warps,
         enable_reflect_ftz=False,  # GLU: torch's expf (see _silu_glu)
-        **({"maxnreg": FAST_MAXNREG} if FAST_MAXNREG and not interpret_mode() else {}),
         **CONSTS,
     )
     return q, s, gs_out, amax

@@ -893,6 +893,7 @@ def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
         GROUPED_CONFIG,
         WGRAD_ALIGN,
         WGRAD_CONFIG,
+        grouped_config,
         nvfp4_grouped_matmul,
         nvfp4_grouped_wgrad,
     )
@@ -925,9 +926,11 @@ def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
             lambda a, b, bounds=bounds: [a[bounds[j] : bounds[j + 1]] @ b[j] for j in range(e)],
             [(x, wt)],
         )
+        shipped = grouped_config(rows_n, e, True, k)
         configs = {
-            "default": GROUPED_CONFIG,
-            "previous decoder (dequant 0)": replace(GROUPED_CONFIG, dequant=0),
+            "default": shipped,
+            "previous default tile (128x256x128, 8 warps)": GROUPED_CONFIG,
+            "previous decoder (dequant 0)": replace(shipped, dequant=0),
         }
         if sweep:
             configs.update(
@@ -971,7 +974,21 @@ def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
                 base / ms,
                 "TFLOP/s ratio",
                 TARGETS["grouped"],
-                {"tflops": flops / ms / 1e9},
+                {"tflops": flops / ms / 1e9, "config": str(shipped)},
+            )
+        )
+        prev = sweep_ms[f"{label} previous default tile (128x256x128, 8 warps)"]
+        rows.append(
+            Row(
+                "grouped",
+                f"forward {label}, previous default tile (128x256x128, 8 warps)",
+                f"E={e} top{topk} T={tokens} N={n} K={k}",
+                prev,
+                base,
+                base_name,
+                base / prev,
+                "TFLOP/s ratio",
+                None,
             )
         )
         fq = bench(

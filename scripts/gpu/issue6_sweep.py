@@ -1,9 +1,14 @@
-"""Issue 6 sweep on one GPU: the 1x16 quantize kernel's launch variants at 8192x8192 and the grouped
-W4A4 GEMM's tiles at Qwen3-30B-A3B expert shapes, each against a baseline timed in the same process
-(device copy of the same bytes; torch._grouped_mm bf16), and each checked against the shipped path's
-output on the same inputs (bytes for the quantize, bits for the GEMM: wgmma tiles of one BLOCK_K agree).
+"""Issue 6 sweep on one GPU: the 1x16 quantize kernel's tiles at 8192x8192 and the grouped W4A4 GEMM's
+tiles at Qwen3-30B-A3B expert shapes, each against a baseline timed in the same process (device copy of
+the same bytes; torch._grouped_mm bf16), and each checked against the shipped path's output on the same
+inputs (bytes for the quantize; bits for the GEMM, since wgmma tiles of one BLOCK_K agree).
 
     python scripts/gpu/issue6_sweep.py [--only quantize|grouped] [--json out.json]
+
+Session 19 also timed quantize variants that are no longer in the code, from commits 821442c (a second
+read of the tile instead of holding it in registers, a register cap) and da48b3f (persistent programs
+whose row-tile loop Triton pipelines through shared memory): all slower than the shipped kernel
+(results/bench/issue6_sweep_h200.md).
 """
 
 from __future__ import annotations
@@ -23,29 +28,25 @@ from minite.kernels.moe import sort_by_expert
 from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped
 from minite.numerics import QuantSpec
 
-# (label, tile (BLOCK_R, BLOCK_NB, warps), maxnreg, persistent (programs per SM, stages))
+# (label, tile (BLOCK_R, BLOCK_NB, warps) or None for the shipped heuristic)
 QUANT_VARIANTS = [
-    ("shipped", None, None, None),
-    ("1x512 w4 persistent 2/SM s3", (1, 512, 4), None, (2, 3)),
-    ("1x512 w4 persistent 2/SM s4", (1, 512, 4), None, (2, 4)),
-    ("1x512 w4 persistent 2/SM s2", (1, 512, 4), None, (2, 2)),
-    ("1x512 w4 persistent 3/SM s3 maxnreg168", (1, 512, 4), 168, (3, 3)),
-    ("1x512 w8 persistent 2/SM s3", (1, 512, 8), None, (2, 3)),
-    ("1x512 w8 persistent 2/SM s4", (1, 512, 8), None, (2, 4)),
-    ("1x512 w8 persistent 3/SM s3 maxnreg80", (1, 512, 8), 80, (3, 3)),
-    ("1x512 w2 persistent 4/SM s3", (1, 512, 2), None, (4, 3)),
-    ("1x512 w4 persistent 1/SM s4", (1, 512, 4), None, (1, 4)),
+    ("shipped", None),
+    ("1x512 w8", (1, 512, 8)),
+    ("1x512 w16", (1, 512, 16)),
+    ("2x512 w8", (2, 512, 8)),
 ]
 
 GROUPED_VARIANTS = {
-    "shipped 128x256x128 w8 s3": GROUPED_CONFIG,
+    "shipped": None,
+    "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
+    "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
-    "128x128x128 w4 s4": GemmConfig(128, 128, 128, 4, 4),
+    "128x128x128 w8 s3 maxnreg128": GemmConfig(128, 128, 128, 8, 3, maxnreg=128),
+    "64x128x128 w4 s3 maxnreg168": GemmConfig(64, 128, 128, 4, 3, maxnreg=168),
+    "swap 128tok x 256w w8 s3": GemmConfig(128, 256, 128, 8, 3, swap_ab=True),
     "swap 128tok x 256w w16 s3": GemmConfig(128, 256, 128, 16, 3, swap_ab=True),
-    "swap 128tok x 256w w16 s4": GemmConfig(128, 256, 128, 16, 4, swap_ab=True),
-    "swap 64tok x 256w w16 s3": GemmConfig(64, 256, 128, 16, 3, swap_ab=True),
-    "swap 128tok x 128w w8 s3": GemmConfig(128, 128, 128, 8, 3, swap_ab=True),
     "swap 128tok x 128w w4 s3": GemmConfig(128, 128, 128, 4, 3, swap_ab=True),
+    "swap 64tok x 256w w16 s3": GemmConfig(64, 256, 128, 16, 3, swap_ab=True),
 }
 
 
@@ -72,8 +73,8 @@ def sweep_quantize(out: dict) -> None:
     res = {}
     for case, (spec, kw) in cases.items():
         ref = None
-        for label, tile, maxnreg, persistent in QUANT_VARIANTS:
-            kq.FAST_TILE_OVERRIDE, kq.FAST_MAXNREG, kq.FAST_PERSISTENT = tile, maxnreg, persistent
+        for label, tile in QUANT_VARIANTS:
+            kq.FAST_TILE_OVERRIDE = tile
             try:
                 q = nvfp4_quantize(sets[0][0], spec, **kw)
                 torch.cuda.synchronize()
@@ -88,7 +89,7 @@ def sweep_quantize(out: dict) -> None:
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is a result too
                 ms, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
             finally:
-                kq.FAST_TILE_OVERRIDE, kq.FAST_MAXNREG, kq.FAST_PERSISTENT = None, None, None
+                kq.FAST_TILE_OVERRIDE = None
             frac = bytes_io / ms / 1e6 / copy_gbs
             res[f"{case} | {label}"] = {"us": ms * 1e3, "fraction_of_copy": frac, "check": same}
             print(

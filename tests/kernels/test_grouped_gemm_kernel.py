@@ -304,7 +304,10 @@ def test_batch_invariant_tiles_give_the_same_bits(counts, device):
         GROUPED_CONFIG,
         GROUPED_FEW_ROWS_CONFIG,
         GROUPED_FEW_ROWS_FAST_CONFIG,
+        GROUPED_LONG_K_CONFIG,
+        GROUPED_SHORT_K_CONFIG,
         GROUPED_SWAP_CONFIG,
+        SHORT_K,
         grouped_config,
     )
 
@@ -320,16 +323,23 @@ def test_batch_invariant_tiles_give_the_same_bits(counts, device):
     assert grouped_config(o[-1], e, batch_invariant=False) == GROUPED_FEW_ROWS_FAST_CONFIG
     assert grouped_config(9 * e, e) == GROUPED_FEW_ROWS_CONFIG
     assert grouped_config(17 * e, e) == grouped_config(17 * e, e, False) == GROUPED_FEW_ROWS_CONFIG
-    assert grouped_config(33 * e, e) == grouped_config(33 * e, e, False) == GROUPED_CONFIG
+    assert grouped_config(33 * e, e) == grouped_config(33 * e, e, False) == GROUPED_LONG_K_CONFIG
+    assert grouped_config(33 * e, e, k=SHORT_K + 16) == GROUPED_LONG_K_CONFIG
+    assert (
+        grouped_config(33 * e, e, k=SHORT_K)
+        == grouped_config(33 * e, e, False, 768)
+        == GROUPED_SHORT_K_CONFIG
+    )
     # wgmma: 64 rows (4 warps) on the MMA's M side, the token rows' side or, swapped, the weights'
-    for cfg in (GROUPED_CONFIG, GROUPED_FEW_ROWS_CONFIG, GROUPED_SWAP_CONFIG):
+    shipped = (GROUPED_LONG_K_CONFIG, GROUPED_SHORT_K_CONFIG, GROUPED_FEW_ROWS_CONFIG, GROUPED_SWAP_CONFIG)
+    for cfg in (GROUPED_CONFIG, *shipped):
         mma_rows = cfg.block_n if cfg.swap_ab else cfg.block_m
         assert mma_rows >= 64 and cfg.num_warps % 4 == 0 and cfg.block_k == GROUPED_CONFIG.block_k
     invariant = [
         nvfp4_grouped_matmul(qa, qw, offs, config=cfg)
         for cfg in (
             GROUPED_CONFIG,
-            GROUPED_FEW_ROWS_CONFIG,
+            *shipped,
             GemmConfig(64, 64, 128),
             GemmConfig(16, 128, 128, swap_ab=True),
             GROUPED_SWAP_CONFIG,
