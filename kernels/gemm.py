@@ -91,8 +91,10 @@ class GemmConfig:
                 f"GemmConfig: block_k must be a multiple of 32, blocks >= 16, split_k >= 1 ({self})"
             )
         if self.swap_ab and self.block_m % 16:
-            raise ValueError(f"GemmConfig: swap_ab puts block_m activation rows on the MMA's N side, a "
-                             f"multiple of 16, got {self}")
+            raise ValueError(
+                f"GemmConfig: swap_ab puts block_m activation rows on the MMA's N side, a "
+                f"multiple of 16, got {self}"
+            )
         if self.dequant not in (0, 1, 2):
             raise ValueError(f"GemmConfig: dequant must be 0, 1 or 2, got {self.dequant}")
 
