@@ -34,7 +34,9 @@ try:  # pragma: no cover - depends on the installed Triton
 except ImportError:  # pragma: no cover
     HAS_GLUON = False
 
-BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS = 128, 256, 128, 8
+BLOCK_K = 128  # the K step, as the Triton kernels' (part of the summation order)
+# (BLOCK_M, BLOCK_N, warps): rows of A and of B a program
+TILE = (128, 128, 8)
 
 if HAS_GLUON:
     from ._triton import _DEQUANT_CVT_PTX
@@ -143,12 +145,6 @@ if HAS_GLUON:
         bsb = gl.load(b_s)
         slot = 0
         for k0 in range(0, k_hi, 128):
-            # the next step's raw bytes (the last step reloads its own: in bounds, unused)
-            kn = gl.minimum(k0 + 128, k_hi - 128)
-            ap_n = gl.load(a_q + kn // 2)
-            asb_n = gl.load(a_s + kn // 16)
-            bp_n = gl.load(b_q + kn // 2)
-            bsb_n = gl.load(b_s + kn // 16)
             # slot `slot` was last read by the MMAs of step i - 2, which every warp waited for at the end of
             # step i - 1; the barrier makes sure all warps have passed that wait. Decoded halves go to shared
             # memory one at a time (fewer live registers beside the accumulator).
@@ -161,6 +157,13 @@ if HAS_GLUON:
             b_buf.index(2 * slot + 1).store(b_hi)
             fence_async_shared()
             gl.thread_barrier()
+            # the next step's raw bytes, issued once this step's are decoded (fewer live registers), land
+            # while the MMAs run (the last step reloads its own: in bounds, unused)
+            kn = gl.minimum(k0 + 128, k_hi - 128)
+            ap = gl.load(a_q + kn // 2)
+            asb = gl.load(a_s + kn // 16)
+            bp = gl.load(b_q + kn // 2)
+            bsb = gl.load(b_s + kn // 16)
             acc = warpgroup_mma(
                 a_buf.index(2 * slot), b_buf.index(2 * slot).permute((1, 0)), acc, is_async=True
             )
@@ -168,7 +171,6 @@ if HAS_GLUON:
                 a_buf.index(2 * slot + 1), b_buf.index(2 * slot + 1).permute((1, 0)), acc, is_async=True
             )
             acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # step i - 1 done: its slot is free
-            ap, asb, bp, bsb = ap_n, asb_n, bp_n, bsb_n
             slot = 1 - slot
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
@@ -208,8 +210,9 @@ def launch(aq, as_, ags, a_row, bq, bs_, bgs, stride_bgs_e, stride_bgs_n, out, o
     """The kernel on operands prepared by grouped_gemm.nvfp4_grouped_matmul (out bf16 or float32)."""
     import triton
 
+    bm, bn, warps = TILE
     t = aq.shape[0]
-    grid = (min(triton.cdiv(t, BLOCK_M) + e, t), triton.cdiv(n, BLOCK_N))
+    grid = (min(triton.cdiv(t, bm) + e, t), triton.cdiv(n, bn))
     _nvfp4_grouped_gemm_gluon_kernel[grid](
         aq,
         as_,
@@ -233,8 +236,8 @@ def launch(aq, as_, ags, a_row, bq, bs_, bgs, stride_bgs_e, stride_bgs_n, out, o
         out.stride(0),
         A_GS_ROW=a_row,
         E_POW2=triton.next_power_of_2(e),
-        BM=BLOCK_M,
-        BN=BLOCK_N,
+        BM=bm,
+        BN=bn,
         ACC_SHIFT=ACC_SHIFT,
-        num_warps=NUM_WARPS,
+        num_warps=warps,
     )

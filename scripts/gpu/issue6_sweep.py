@@ -20,6 +20,7 @@ import time
 import torch
 
 from minite.bench.kernels import _randn, bench, bench_graph, copies_for
+from minite.kernels import grouped_gemm_gluon as gg
 from minite.kernels import nvfp4_quantize
 from minite.kernels import quantize as kq
 from minite.kernels.gemm import GemmConfig
@@ -37,7 +38,9 @@ QUANT_VARIANTS = [
 ]
 
 GROUPED_VARIANTS = {
-    "shipped": None,
+    "shipped (gluon 128x128 w8)": None,
+    "gluon 128x256 w8": (128, 256, 8),
+    "gluon 64x128 w4": (64, 128, 4),
     "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
     "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
@@ -107,6 +110,7 @@ def sweep_grouped(out: dict) -> None:
     rows_n = int(offs[-1])
     offs_i32 = offs[1:].to(torch.int32)
     res = {}
+    gluon_tile = gg.TILE
     for label, n, k in (("gate_up", 2 * ffn, hidden), ("down", hidden, ffn)):
         x = _randn((rows_n, k), 91)
         w = _randn((e, n, k), 92)
@@ -121,6 +125,10 @@ def sweep_grouped(out: dict) -> None:
         ref = None
         for cl, cfg in GROUPED_VARIANTS.items():
             t0 = time.time()
+            if isinstance(cfg, tuple):  # a Gluon tile
+                gg.TILE, cfg = cfg, None
+            else:
+                gg.TILE = gluon_tile
             try:
                 o = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=cfg)
                 torch.cuda.synchronize()
