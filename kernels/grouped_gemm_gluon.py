@@ -25,6 +25,7 @@ try:  # pragma: no cover - depends on the installed Triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
         fence_async_shared,
         warpgroup_mma,
         warpgroup_mma_wait,
@@ -35,8 +36,9 @@ except ImportError:  # pragma: no cover
     HAS_GLUON = False
 
 BLOCK_K = 128  # the K step, as the Triton kernels' (part of the summation order)
-# (BLOCK_M, BLOCK_N, warps): rows of A and of B a program
-TILE = (128, 128, 8)
+# (BLOCK_M, BLOCK_N, warps, stages): rows of A and of B a program, and the depth of the raw-byte ring
+# (cp.async, as the Triton kernels' num_stages)
+TILE = (128, 128, 8, 3)
 
 if HAS_GLUON:
     from ._triton import _DEQUANT_CVT_PTX
@@ -58,6 +60,17 @@ if HAS_GLUON:
         return gl.reshape(y, [R, 64])
 
     @gluon.jit
+    def _fetch(ra_buf, rb_buf, sa_buf, sb_buf, a_q, a_s, b_q, b_s, step, pred):
+        """cp.async of K step `step`'s packed and scale bytes into ring slot step % STAGES (nothing copied
+        when not pred: an empty commit group keeps the wait counts uniform)."""
+        r = step % ra_buf.shape[0]
+        async_copy.async_copy_global_to_shared(ra_buf.index(r), a_q + step * 64, mask=pred)
+        async_copy.async_copy_global_to_shared(rb_buf.index(r), b_q + step * 64, mask=pred)
+        async_copy.async_copy_global_to_shared(sa_buf.index(r), a_s + step * 8, mask=pred)
+        async_copy.async_copy_global_to_shared(sb_buf.index(r), b_s + step * 8, mask=pred)
+        async_copy.commit_group()
+
+    @gluon.jit
     def _raw_ptrs(q_ptr, s_ptr, rows, stride_q, stride_s, R: gl.constexpr, L3: gl.constexpr):
         """Pointers to the packed bytes (R, 8, 8) and scale bytes (R, 8) of K step 0 of `rows`."""
         blk = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
@@ -65,7 +78,14 @@ if HAS_GLUON:
         r2 = gl.expand_dims(rows, 1)
         b2 = gl.expand_dims(blk, 0)
         q = q_ptr + gl.expand_dims(r2 * stride_q + b2 * 8, 2) + gl.expand_dims(gl.expand_dims(byte, 0), 1)
-        s = s_ptr + r2 * stride_s + b2  # (R, 8): each scale byte loaded once, broadcast in registers
+        # the scale bytes are copied 4 to a thread (cp.async moves at least 4 bytes), read 2 to a thread
+        LS: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [gl.num_warps(), 1], [1, 0])
+        rs = gl.convert_layout(rows, gl.SliceLayout(1, LS))
+        s = (
+            s_ptr
+            + gl.expand_dims(rs * stride_s, 1)
+            + gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LS)), 0)
+        )
         return q, s
 
     @gluon.jit
@@ -95,6 +115,7 @@ if HAS_GLUON:
         BM: gl.constexpr,
         BN: gl.constexpr,
         ACC_SHIFT: gl.constexpr,
+        STAGES: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         pid_m = gl.program_id(0)
@@ -139,31 +160,37 @@ if HAS_GLUON:
         b_buf = gl.allocate_shared_memory(gl.float16, [4, BN, 64], b_sl)
         acc = gl.zeros((BM, BN), gl.float32, layout=mma)
 
-        ap = gl.load(a_q)
-        asb = gl.load(a_s)
-        bp = gl.load(b_q)
-        bsb = gl.load(b_s)
+        # raw bytes: a ring of STAGES steps in shared memory, filled by cp.async STAGES - 1 steps ahead
+        raw_l: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 4, [2, 1, 0])
+        sc_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        ra_buf = gl.allocate_shared_memory(gl.uint8, [STAGES, BM, 8, 8], raw_l)
+        rb_buf = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 8, 8], raw_l)
+        sa_buf = gl.allocate_shared_memory(gl.uint8, [STAGES, BM, 8], sc_l)
+        sb_buf = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 8], sc_l)
+        n_steps = k_hi // 128
+        for j in gl.static_range(STAGES - 1):
+            _fetch(ra_buf, rb_buf, sa_buf, sb_buf, a_q, a_s, b_q, b_s, j, j < n_steps)
         slot = 0
-        for k0 in range(0, k_hi, 128):
+        for i in range(0, n_steps):
+            # step i + STAGES - 1 into the ring slot step i - 1 used (every warp finished reading it before the
+            # barrier ahead of step i - 1's MMAs)
+            _fetch(
+                ra_buf, rb_buf, sa_buf, sb_buf, a_q, a_s, b_q, b_s, i + STAGES - 1, i + STAGES - 1 < n_steps
+            )
+            async_copy.wait_group(STAGES - 1)  # this thread's copies of step i have landed
             # slot `slot` was last read by the MMAs of step i - 2, which every warp waited for at the end of
-            # step i - 1; the barrier makes sure all warps have passed that wait. Decoded halves go to shared
-            # memory one at a time (fewer live registers beside the accumulator).
+            # step i - 1; the barrier makes sure all warps have passed that wait (and all copies of step i
+            # have landed). Decoded halves go to shared memory one operand at a time.
             gl.thread_barrier()
-            a_lo, a_hi = _decode(ap, asb, BM)
+            r = i % STAGES
+            a_lo, a_hi = _decode(ra_buf.index(r).load(L3), sa_buf.index(r).load(gl.SliceLayout(2, L3)), BM)
             a_buf.index(2 * slot).store(a_lo)
             a_buf.index(2 * slot + 1).store(a_hi)
-            b_lo, b_hi = _decode(bp, bsb, BN)
+            b_lo, b_hi = _decode(rb_buf.index(r).load(L3), sb_buf.index(r).load(gl.SliceLayout(2, L3)), BN)
             b_buf.index(2 * slot).store(b_lo)
             b_buf.index(2 * slot + 1).store(b_hi)
             fence_async_shared()
             gl.thread_barrier()
-            # the next step's raw bytes, issued once this step's are decoded (fewer live registers), land
-            # while the MMAs run (the last step reloads its own: in bounds, unused)
-            kn = gl.minimum(k0 + 128, k_hi - 128)
-            ap = gl.load(a_q + kn // 2)
-            asb = gl.load(a_s + kn // 16)
-            bp = gl.load(b_q + kn // 2)
-            bsb = gl.load(b_s + kn // 16)
             acc = warpgroup_mma(
                 a_buf.index(2 * slot), b_buf.index(2 * slot).permute((1, 0)), acc, is_async=True
             )
@@ -210,7 +237,7 @@ def launch(aq, as_, ags, a_row, bq, bs_, bgs, stride_bgs_e, stride_bgs_n, out, o
     """The kernel on operands prepared by grouped_gemm.nvfp4_grouped_matmul (out bf16 or float32)."""
     import triton
 
-    bm, bn, warps = TILE
+    bm, bn, warps, stages = TILE
     t = aq.shape[0]
     grid = (min(triton.cdiv(t, bm) + e, t), triton.cdiv(n, bn))
     _nvfp4_grouped_gemm_gluon_kernel[grid](
@@ -239,5 +266,6 @@ def launch(aq, as_, ags, a_row, bq, bs_, bgs, stride_bgs_e, stride_bgs_n, out, o
         BM=bm,
         BN=bn,
         ACC_SHIFT=ACC_SHIFT,
+        STAGES=stages,
         num_warps=warps,
     )

@@ -38,9 +38,9 @@ QUANT_VARIANTS = [
 ]
 
 GROUPED_VARIANTS = {
-    "shipped (gluon 128x128 w8)": None,
-    "gluon 128x256 w8": (128, 256, 8),
-    "gluon 64x128 w4": (64, 128, 4),
+    "shipped (gluon 128x128 w8 s3)": None,
+    "gluon 128x128 w8 s4": (128, 128, 8, 4),
+    "gluon 64x128 w4 s3": (64, 128, 4, 3),
     "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
     "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
