@@ -39,6 +39,7 @@ BLOCK_K = 128  # the K step, as the Triton kernels' (part of the summation order
 # (BLOCK_M, BLOCK_N, warps, stages): rows of A and of B a program, and the depth of the raw-byte ring
 # (cp.async, as the Triton kernels' num_stages)
 TILE = (128, 128, 8, 3)
+PROBE = 0  # scripts/gpu/issue6_sweep.py's timing probes (see the kernel); 0 in use
 
 if HAS_GLUON:
     from ._triton import _DEQUANT_CVT_PTX
@@ -116,6 +117,7 @@ if HAS_GLUON:
         BN: gl.constexpr,
         ACC_SHIFT: gl.constexpr,
         STAGES: gl.constexpr,
+        PROBE: gl.constexpr,  # timing probes only (wrong results): 1 no MMA, 2 no decoding, 3 neither
         num_warps: gl.constexpr,
     ):
         pid_m = gl.program_id(0)
@@ -172,8 +174,8 @@ if HAS_GLUON:
             _fetch(ra_buf, rb_buf, sa_buf, sb_buf, a_q, a_s, b_q, b_s, j, j < n_steps)
         slot = 0
         for i in range(0, n_steps):
-            # step i + STAGES - 1 into the ring slot step i - 1 used (every warp finished reading it before the
-            # barrier ahead of step i - 1's MMAs)
+            # step i + STAGES - 1 into the ring slot step i - 1 used (every warp finished reading it before
+            # the barrier ahead of step i - 1's MMAs)
             _fetch(
                 ra_buf, rb_buf, sa_buf, sb_buf, a_q, a_s, b_q, b_s, i + STAGES - 1, i + STAGES - 1 < n_steps
             )
@@ -183,21 +185,27 @@ if HAS_GLUON:
             # have landed). Decoded halves go to shared memory one operand at a time.
             gl.thread_barrier()
             r = i % STAGES
-            a_lo, a_hi = _decode(ra_buf.index(r).load(L3), sa_buf.index(r).load(gl.SliceLayout(2, L3)), BM)
-            a_buf.index(2 * slot).store(a_lo)
-            a_buf.index(2 * slot + 1).store(a_hi)
-            b_lo, b_hi = _decode(rb_buf.index(r).load(L3), sb_buf.index(r).load(gl.SliceLayout(2, L3)), BN)
-            b_buf.index(2 * slot).store(b_lo)
-            b_buf.index(2 * slot + 1).store(b_hi)
+            if PROBE < 2:
+                a_lo, a_hi = _decode(
+                    ra_buf.index(r).load(L3), sa_buf.index(r).load(gl.SliceLayout(2, L3)), BM
+                )
+                a_buf.index(2 * slot).store(a_lo)
+                a_buf.index(2 * slot + 1).store(a_hi)
+                b_lo, b_hi = _decode(
+                    rb_buf.index(r).load(L3), sb_buf.index(r).load(gl.SliceLayout(2, L3)), BN
+                )
+                b_buf.index(2 * slot).store(b_lo)
+                b_buf.index(2 * slot + 1).store(b_hi)
             fence_async_shared()
             gl.thread_barrier()
-            acc = warpgroup_mma(
-                a_buf.index(2 * slot), b_buf.index(2 * slot).permute((1, 0)), acc, is_async=True
-            )
-            acc = warpgroup_mma(
-                a_buf.index(2 * slot + 1), b_buf.index(2 * slot + 1).permute((1, 0)), acc, is_async=True
-            )
-            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # step i - 1 done: its slot is free
+            if PROBE % 2 == 0:
+                acc = warpgroup_mma(
+                    a_buf.index(2 * slot), b_buf.index(2 * slot).permute((1, 0)), acc, is_async=True
+                )
+                acc = warpgroup_mma(
+                    a_buf.index(2 * slot + 1), b_buf.index(2 * slot + 1).permute((1, 0)), acc, is_async=True
+                )
+                acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # step i - 1 done: its slot is free
             slot = 1 - slot
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
@@ -267,5 +275,6 @@ def launch(aq, as_, ags, a_row, bq, bs_, bgs, stride_bgs_e, stride_bgs_n, out, o
         BN=bn,
         ACC_SHIFT=ACC_SHIFT,
         STAGES=stages,
+        PROBE=PROBE,
         num_warps=warps,
     )

@@ -40,7 +40,9 @@ QUANT_VARIANTS = [
 GROUPED_VARIANTS = {
     "shipped (gluon 128x128 w8 s3)": None,
     "gluon 128x128 w8 s4": (128, 128, 8, 4),
-    "gluon 64x128 w4 s3": (64, 128, 4, 3),
+    "gluon probe: no MMA": ("probe", 1),
+    "gluon probe: no decoding": ("probe", 2),
+    "gluon probe: neither": ("probe", 3),
     "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
     "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
@@ -125,8 +127,13 @@ def sweep_grouped(out: dict) -> None:
         ref = None
         for cl, cfg in GROUPED_VARIANTS.items():
             t0 = time.time()
-            if isinstance(cfg, tuple):  # a Gluon tile
-                gg.TILE, cfg = cfg, None
+            gg.PROBE = 0
+            if isinstance(cfg, tuple):  # a Gluon tile, or ("probe", n)
+                if cfg[0] == "probe":
+                    gg.TILE, gg.PROBE = gluon_tile, cfg[1]
+                else:
+                    gg.TILE = cfg
+                cfg = None
             else:
                 gg.TILE = gluon_tile
             try:
@@ -143,6 +150,7 @@ def sweep_grouped(out: dict) -> None:
                 )
             except Exception as exc:  # noqa: BLE001
                 t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+            gg.PROBE = 0
             res[f"{label} | {cl}"] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
             print(
                 f"grouped {label:8s} {cl:38s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
