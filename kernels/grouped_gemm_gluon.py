@@ -61,6 +61,16 @@ if HAS_GLUON:
         return gl.reshape(y, [R, 64])
 
     @gluon.jit
+    def _iota_bytes(R: gl.constexpr, L3: gl.constexpr, i):
+        """Probe input: (R, 8, 8) bytes that differ by element and by step i."""
+        r = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        b = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        c = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        v = gl.expand_dims(gl.expand_dims(r * 7 + i, 1) + gl.expand_dims(b * 13, 0), 2)
+        v = v + gl.expand_dims(gl.expand_dims(c * 29, 0), 1)
+        return (v & 0x77).to(gl.uint8)
+
+    @gluon.jit
     def _fetch(ra_buf, rb_buf, sa_buf, sb_buf, a_q, a_s, b_q, b_s, step, pred):
         """cp.async of K step `step`'s packed and scale bytes into ring slot step % STAGES (nothing copied
         when not pred: an empty commit group keeps the wait counts uniform)."""
@@ -117,7 +127,8 @@ if HAS_GLUON:
         BN: gl.constexpr,
         ACC_SHIFT: gl.constexpr,
         STAGES: gl.constexpr,
-        PROBE: gl.constexpr,  # timing probes only (wrong results): 1 no MMA, 2 no decoding, 3 neither
+        PROBE: gl.constexpr,  # timing probes only (wrong results), bits: 1 no MMA, 2 no decoding, 4 decode
+        # registers instead of the ring, 8 no decoded stores, 16 no barriers
         num_warps: gl.constexpr,
     ):
         pid_m = gl.program_id(0)
@@ -183,22 +194,32 @@ if HAS_GLUON:
             # slot `slot` was last read by the MMAs of step i - 2, which every warp waited for at the end of
             # step i - 1; the barrier makes sure all warps have passed that wait (and all copies of step i
             # have landed). Decoded halves go to shared memory one operand at a time.
-            gl.thread_barrier()
+            if PROBE & 16 == 0:
+                gl.thread_barrier()
             r = i % STAGES
-            if PROBE < 2:
-                a_lo, a_hi = _decode(
-                    ra_buf.index(r).load(L3), sa_buf.index(r).load(gl.SliceLayout(2, L3)), BM
-                )
-                a_buf.index(2 * slot).store(a_lo)
-                a_buf.index(2 * slot + 1).store(a_hi)
-                b_lo, b_hi = _decode(
-                    rb_buf.index(r).load(L3), sb_buf.index(r).load(gl.SliceLayout(2, L3)), BN
-                )
-                b_buf.index(2 * slot).store(b_lo)
-                b_buf.index(2 * slot + 1).store(b_hi)
-            fence_async_shared()
-            gl.thread_barrier()
-            if PROBE % 2 == 0:
+            if PROBE & 2 == 0:
+                if PROBE & 4 == 0:
+                    pa = ra_buf.index(r).load(L3)
+                    sa = sa_buf.index(r).load(gl.SliceLayout(2, L3))
+                    pb = rb_buf.index(r).load(L3)
+                    sb = sb_buf.index(r).load(gl.SliceLayout(2, L3))
+                else:  # probe: registers instead of the ring (values vary by element and step)
+                    pa = _iota_bytes(BM, L3, i)
+                    sa = gl.max(pa, 2) & 0x3F
+                    pb = _iota_bytes(BN, L3, i)
+                    sb = gl.max(pb, 2) & 0x3F
+                a_lo, a_hi = _decode(pa, sa, BM)
+                if (PROBE & 8 == 0) | (k_hi < 0):
+                    a_buf.index(2 * slot).store(a_lo)
+                    a_buf.index(2 * slot + 1).store(a_hi)
+                b_lo, b_hi = _decode(pb, sb, BN)
+                if (PROBE & 8 == 0) | (k_hi < 0):
+                    b_buf.index(2 * slot).store(b_lo)
+                    b_buf.index(2 * slot + 1).store(b_hi)
+            if PROBE & 16 == 0:
+                fence_async_shared()
+                gl.thread_barrier()
+            if PROBE & 1 == 0:
                 acc = warpgroup_mma(
                     a_buf.index(2 * slot), b_buf.index(2 * slot).permute((1, 0)), acc, is_async=True
                 )

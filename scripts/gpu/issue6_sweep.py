@@ -39,10 +39,11 @@ QUANT_VARIANTS = [
 
 GROUPED_VARIANTS = {
     "shipped (gluon 128x128 w8 s3)": None,
-    "gluon 128x128 w8 s4": (128, 128, 8, 4),
     "gluon probe: no MMA": ("probe", 1),
     "gluon probe: no decoding": ("probe", 2),
     "gluon probe: neither": ("probe", 3),
+    "gluon probe: no barriers": ("probe", 16),
+    "gluon probe: no barriers, no MMA": ("probe", 17),
     "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
     "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
