@@ -30,17 +30,7 @@ import torch
 
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._triton import (
-    ACC_SHIFT,
-    HAS_TRITON,
-    check_device,
-    empty,
-    interpret_mode,
-    out_arg,
-    require_triton,
-    tl,
-    triton,
-)
+from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 from .gemm import GemmConfig, check_nvfp4, rows_of
 
 if HAS_TRITON:
@@ -270,19 +260,6 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
     )
 
 
-# many rows on a Hopper GPU: the Gluon kernel (grouped_gemm_gluon), whose MMAs overlap the decoding; False
-# keeps the Triton tiles above everywhere
-GLUON = True
-
-
-def _gluon_here(aq: torch.Tensor, t: int, k: int) -> bool:
-    if not GLUON or interpret_mode() or aq.device.type != "cuda":
-        return False
-    from . import grouped_gemm_gluon
-
-    return grouped_gemm_gluon.gluon_ok(aq.device, k)
-
-
 def grouped_config(rows: int, experts: int, batch_invariant: bool = True, k: int | None = None) -> GemmConfig:
     """The forward/dgrad config for `rows` routed rows over `experts` with reduction length `k` (None: the
     long-K choice): a function of the shape only. `batch_invariant`: only wgmma tiles of one BLOCK_K, whose
@@ -343,13 +320,6 @@ def nvfp4_grouped_matmul(
     if batch_invariant is None:
         batch_invariant = a.spec.scope == "row"
     cfg = config or grouped_config(t, e, batch_invariant, k)
-    if config is None and cfg in (GROUPED_LONG_K_CONFIG, GROUPED_SHORT_K_CONFIG) and _gluon_here(aq, t, k):
-        from . import grouped_gemm_gluon
-
-        grouped_gemm_gluon.launch(
-            aq, as_, ags, a_row, bq, bs_, bgs, stride_bgs_e, stride_bgs_n, out, offsets, n, k, e
-        )
-        return out
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))

@@ -20,7 +20,6 @@ import time
 import torch
 
 from minite.bench.kernels import _randn, bench, bench_graph, copies_for
-from minite.kernels import grouped_gemm_gluon as gg
 from minite.kernels import nvfp4_quantize
 from minite.kernels import quantize as kq
 from minite.kernels.gemm import GemmConfig
@@ -38,12 +37,7 @@ QUANT_VARIANTS = [
 ]
 
 GROUPED_VARIANTS = {
-    "shipped (gluon 128x128 w8 s3)": None,
-    "gluon probe: no MMA": ("probe", 1),
-    "gluon probe: no decoding": ("probe", 2),
-    "gluon probe: neither": ("probe", 3),
-    "gluon probe: no barriers": ("probe", 16),
-    "gluon probe: no barriers, no MMA": ("probe", 17),
+    "shipped": None,
     "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
     "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
@@ -113,7 +107,6 @@ def sweep_grouped(out: dict) -> None:
     rows_n = int(offs[-1])
     offs_i32 = offs[1:].to(torch.int32)
     res = {}
-    gluon_tile = gg.TILE
     for label, n, k in (("gate_up", 2 * ffn, hidden), ("down", hidden, ffn)):
         x = _randn((rows_n, k), 91)
         w = _randn((e, n, k), 92)
@@ -128,15 +121,6 @@ def sweep_grouped(out: dict) -> None:
         ref = None
         for cl, cfg in GROUPED_VARIANTS.items():
             t0 = time.time()
-            gg.PROBE = 0
-            if isinstance(cfg, tuple):  # a Gluon tile, or ("probe", n)
-                if cfg[0] == "probe":
-                    gg.TILE, gg.PROBE = gluon_tile, cfg[1]
-                else:
-                    gg.TILE = cfg
-                cfg = None
-            else:
-                gg.TILE = gluon_tile
             try:
                 o = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=cfg)
                 torch.cuda.synchronize()
@@ -151,7 +135,6 @@ def sweep_grouped(out: dict) -> None:
                 )
             except Exception as exc:  # noqa: BLE001
                 t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
-            gg.PROBE = 0
             res[f"{label} | {cl}"] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
             print(
                 f"grouped {label:8s} {cl:38s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
