@@ -113,9 +113,14 @@ if HAS_TRITON:
         NUM_STAGES: tl.constexpr,
         OUT_BF16: tl.constexpr,
         SWAP_AB: tl.constexpr,
+        N_FASTEST: tl.constexpr,
     ):
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+        if N_FASTEST:
+            pid_n = tl.program_id(0)
+            pid_m = tl.program_id(1)
+        else:
+            pid_m = tl.program_id(0)
+            pid_n = tl.program_id(1)
         # each program derives the experts' row tiles from the offsets itself (a few hundred bytes): no
         # host-side bookkeeping kernels before the launch, which at decode cost more than the GEMM's tail
         eidx = tl.arange(0, E_POW2)
@@ -260,6 +265,11 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
     )
 
 
+# program order: the N tiles of one row tile launch together (program_id(0) walks N), so a row tile's
+# packed activations are read from L2 by all its N tiles while they are hot; False: row tiles first
+N_FASTEST = True
+
+
 def grouped_config(rows: int, experts: int, batch_invariant: bool = True, k: int | None = None) -> GemmConfig:
     """The forward/dgrad config for `rows` routed rows over `experts` with reduction length `k` (None: the
     long-K choice): a function of the shape only. `batch_invariant`: only wgmma tiles of one BLOCK_K, whose
@@ -323,6 +333,8 @@ def nvfp4_grouped_matmul(
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))
+    if N_FASTEST:
+        grid = (grid[1], grid[0])
     out_view, out_bf16 = out_arg(out)
     _nvfp4_grouped_gemm_kernel[grid](
         aq,
@@ -357,6 +369,7 @@ def nvfp4_grouped_matmul(
         NUM_STAGES=cfg.num_stages,
         OUT_BF16=out_bf16,
         SWAP_AB=cfg.swap_ab,
+        N_FASTEST=N_FASTEST,
         **cfg.launch_options(),
     )
     return out

@@ -20,6 +20,7 @@ import time
 import torch
 
 from minite.bench.kernels import _randn, bench, bench_graph, copies_for
+from minite.kernels import grouped_gemm as gg
 from minite.kernels import nvfp4_quantize
 from minite.kernels import quantize as kq
 from minite.kernels.gemm import GemmConfig
@@ -39,14 +40,10 @@ QUANT_VARIANTS = [
 GROUPED_VARIANTS = {
     "shipped": None,
     "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
-    "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
-    "128x128x128 w8 s3 maxnreg128": GemmConfig(128, 128, 128, 8, 3, maxnreg=128),
-    "64x128x128 w4 s3 maxnreg168": GemmConfig(64, 128, 128, 4, 3, maxnreg=168),
-    "swap 128tok x 256w w8 s3": GemmConfig(128, 256, 128, 8, 3, swap_ab=True),
     "swap 128tok x 256w w16 s3": GemmConfig(128, 256, 128, 16, 3, swap_ab=True),
     "swap 128tok x 128w w4 s3": GemmConfig(128, 128, 128, 4, 3, swap_ab=True),
-    "swap 64tok x 256w w16 s3": GemmConfig(64, 256, 128, 16, 3, swap_ab=True),
+    "128x256x128 w8 s4": GemmConfig(128, 256, 128, 8, 4),
 }
 
 
@@ -119,7 +116,13 @@ def sweep_grouped(out: dict) -> None:
             f"grouped {label}: torch._grouped_mm bf16 {base * 1e3:.1f} us = {flops / base / 1e9:.0f} TFLOP/s"
         )
         ref = None
-        for cl, cfg in GROUPED_VARIANTS.items():
+        variants = [
+            (f"{cl}, {order}", cfg, order == "N tiles first")
+            for cl, cfg in GROUPED_VARIANTS.items()
+            for order in ("N tiles first", "row tiles first")
+        ]
+        for cl, cfg, n_fastest in variants:
+            gg.N_FASTEST = n_fastest
             t0 = time.time()
             try:
                 o = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=cfg)
@@ -135,9 +138,10 @@ def sweep_grouped(out: dict) -> None:
                 )
             except Exception as exc:  # noqa: BLE001
                 t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+            gg.N_FASTEST = True
             res[f"{label} | {cl}"] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
             print(
-                f"grouped {label:8s} {cl:38s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
+                f"grouped {label:8s} {cl:54s} {t * 1e3:7.1f} us  {base / t:.3f}x bf16  {same}  "
                 f"({time.time() - t0:.0f} s)",
                 flush=True,
             )
