@@ -17,7 +17,8 @@ The forward grid is an upper bound, min(cdiv(T, BLOCK_M) + E, T) row tiles: prog
 by counting the experts whose tiles end at or before p (each program derives the tiles from the
 offsets), so nothing is copied to the host and the launch can be captured in a CUDA graph; surplus
 programs exit through empty masks. The tile follows the number of rows (`grouped_config`: smaller at
-decode; at the fewest, `swap_ab`: the product transposed, weight rows on the MMA's 64-row side). Every
+decode; at the fewest, `swap_ab`: the product transposed, weight rows on the MMA's 64-row side) and, for
+many rows, K; the N tiles of a row tile run next to each other (`N_FASTEST`). Every
 config shares BLOCK_K, hence the K order of a row, and the batch-invariant ones (per-row activation
 scales) are wgmma tiles, which on the H200 give the same bits whatever their shape or operand order: a
 row's result does not depend on how many tokens each expert received (as in the dense kernel's
@@ -36,9 +37,10 @@ from .gemm import GemmConfig, check_nvfp4, rows_of
 if HAS_TRITON:
     from ._triton import _decode_scale, _store_out, _w4a4_mainloop
 
-# H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227 TFLOP/s, down 0.48 ms
-# (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms, 128x256x64 1.08 ms
-# (results/bench/kernels_h200.json)
+# The many-rows tile until session 19, now the reference tile of the bit-equality tests and the benchmark's
+# "previous default" row. H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227
+# TFLOP/s, down 0.48 ms (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms,
+# 128x256x64 1.08 ms (results/bench/kernels_h200.json); what bounds it: results/bench/issue6_sweep_h200.md
 GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # Many rows, short K (the experts' down projection: K = 768 at Qwen3-30B-A3B, 6 K steps a tile): a 4-warp
 # tile, two programs a SM (255 registers, 68 KB shared each), so one program's prologue and epilogue overlap
@@ -266,7 +268,8 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
 
 
 # program order: the N tiles of one row tile launch together (program_id(0) walks N), so a row tile's
-# packed activations are read from L2 by all its N tiles while they are hot; False: row tiles first
+# packed activations are read from L2 by all its N tiles while they are hot; False: row tiles first. H200,
+# same run, same bits: gate_up 706.3 against 734.2 us, down 403.4 against 413.2 (issue6_sweep_h200.md)
 N_FASTEST = True
 
 
