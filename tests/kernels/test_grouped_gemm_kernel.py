@@ -70,8 +70,13 @@ def test_forward_matches_per_expert_reference(a_scope, w_scope, config, device):
         _check(out[o[e] : o[e + 1]], ref_a, ref_w)
 
 
+@pytest.mark.parametrize("n_fastest", [True, False], ids=["n-tiles-first", "row-tiles-first"])
 @pytest.mark.parametrize("config", [SMALL, SMALL_SWAP], ids=["16x32x32", "16x32x32-swap"])
-def test_bf16_output_and_all_rows_written(config, device):
+def test_bf16_output_and_all_rows_written(config, n_fastest, device, monkeypatch, poison):
+    """Every row written (outputs are poisoned), whichever grid axis walks the N tiles."""
+    from minite.kernels import grouped_gemm
+
+    monkeypatch.setattr(grouped_gemm, "N_FASTEST", n_fastest)
     g = gen(2)
     offs, o = _offsets([3, 20, 0], device)
     x = blocky((o[-1], 32), g, spread=0.5)
