@@ -885,6 +885,32 @@ def _grouped_via_dequant(qa, qw, offs, flops: float, base: float) -> tuple[float
     return ms, note
 
 
+# the grouped benchmark's problem: experts, top-k, hidden, expert FFN, tokens (Qwen3-30B-A3B's experts)
+GROUPED_SHAPES = (128, 8, 2048, 768, 4096)
+
+
+def grouped_routing(e: int, topk: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routed rows of `tokens` tokens (uniform router scores, seed 90) sorted by expert: the offsets (E+1,)
+    and their ends as int32 (torch._grouped_mm's form)."""
+    from minite.kernels.moe import sort_by_expert
+
+    g = torch.Generator(device="cuda").manual_seed(90)
+    idx = torch.rand(tokens, e, generator=g, device="cuda").topk(topk, dim=1).indices
+    _, _, offs = sort_by_expert(idx, e)
+    return offs, offs[1:].to(torch.int32)
+
+
+def grouped_operands(rows: int, e: int, n: int, k: int, offs: torch.Tensor):
+    """bf16 activations (rows, K) and expert weights (E, N, K), and their NVFP4 forms as the minite recipe
+    quantizes them (per-row activations per expert segment, 16x16 weights)."""
+    from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped
+    from minite.numerics import QuantSpec
+
+    x, w = _randn((rows, k), 91), _randn((e, n, k), 92)
+    qa = nvfp4_quantize_grouped(x, offs, QuantSpec(scope="row"))
+    return x, w, qa, nvfp4_quantize_batched(w, QuantSpec(block="16x16"))
+
+
 def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
     from dataclasses import replace
 
@@ -897,7 +923,6 @@ def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
         nvfp4_grouped_matmul,
         nvfp4_grouped_wgrad,
     )
-    from minite.kernels.moe import sort_by_expert
     from minite.kernels.quantize import (
         nvfp4_quantize_batched,
         nvfp4_quantize_grouped,
@@ -906,18 +931,12 @@ def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
     from minite.numerics import QuantSpec
 
     gmm = _grouped_mm()
-    e, topk, hidden, ffn, tokens = 128, 8, 2048, 768, 4096
-    g = torch.Generator(device="cuda").manual_seed(90)
-    idx = torch.rand(tokens, e, generator=g, device="cuda").topk(topk, dim=1).indices
-    tok, _, offs = sort_by_expert(idx, e)
-    rows_n = tok.numel()
-    offs_i32 = offs[1:].to(torch.int32)
+    e, topk, hidden, ffn, tokens = GROUPED_SHAPES
+    offs, offs_i32 = grouped_routing(e, topk, tokens)
+    rows_n = int(offs[-1])
     rows, sweep_ms = [], {}
     for label, n, k in (("gate_up", 2 * ffn, hidden), ("down", hidden, ffn)):
-        x = _randn((rows_n, k), 91)
-        w = _randn((e, n, k), 92)
-        qa = nvfp4_quantize_grouped(x, offs, QuantSpec(scope="row"))
-        qw = nvfp4_quantize_batched(w, QuantSpec(block="16x16"))
+        x, w, qa, qw = grouped_operands(rows_n, e, n, k, offs)
         flops = 2 * rows_n * n * k
         bounds = offs.tolist()
         wt = w.transpose(1, 2)  # (E, K, N), column-major per expert as the CUTLASS grouped GEMM wants

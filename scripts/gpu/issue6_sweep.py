@@ -19,14 +19,20 @@ import time
 
 import torch
 
-from minite.bench.kernels import _randn, bench, bench_graph, copies_for
+from minite.bench.kernels import (
+    GROUPED_SHAPES,
+    _randn,
+    bench,
+    bench_graph,
+    copies_for,
+    grouped_operands,
+    grouped_routing,
+)
 from minite.kernels import grouped_gemm as gg
 from minite.kernels import nvfp4_quantize
 from minite.kernels import quantize as kq
 from minite.kernels.gemm import GemmConfig
 from minite.kernels.grouped_gemm import GROUPED_CONFIG, nvfp4_grouped_matmul
-from minite.kernels.moe import sort_by_expert
-from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped
 from minite.numerics import QuantSpec
 
 # (label, tile (BLOCK_R, BLOCK_NB, warps) or None for the shipped heuristic)
@@ -97,18 +103,12 @@ def sweep_quantize(out: dict) -> None:
 
 def sweep_grouped(out: dict) -> None:
     gmm = torch._grouped_mm
-    e, topk, hidden, ffn, tokens = 128, 8, 2048, 768, 4096
-    g = torch.Generator(device="cuda").manual_seed(90)
-    idx = torch.rand(tokens, e, generator=g, device="cuda").topk(topk, dim=1).indices
-    _, _, offs = sort_by_expert(idx, e)
+    e, topk, hidden, ffn, tokens = GROUPED_SHAPES
+    offs, offs_i32 = grouped_routing(e, topk, tokens)
     rows_n = int(offs[-1])
-    offs_i32 = offs[1:].to(torch.int32)
     res = {}
     for label, n, k in (("gate_up", 2 * ffn, hidden), ("down", hidden, ffn)):
-        x = _randn((rows_n, k), 91)
-        w = _randn((e, n, k), 92)
-        qa = nvfp4_quantize_grouped(x, offs, QuantSpec(scope="row"))
-        qw = nvfp4_quantize_batched(w, QuantSpec(block="16x16"))
+        x, w, qa, qw = grouped_operands(rows_n, e, n, k, offs)
         flops = 2 * rows_n * n * k
         wt = w.transpose(1, 2)
         base = bench(lambda a, b: gmm(a, b, offs=offs_i32), [(x, wt)])
