@@ -32,7 +32,8 @@ from minite.kernels import grouped_gemm as gg
 from minite.kernels import nvfp4_quantize
 from minite.kernels import quantize as kq
 from minite.kernels.gemm import GemmConfig
-from minite.kernels.grouped_gemm import GROUPED_CONFIG, nvfp4_grouped_matmul
+from minite.kernels.grouped_gemm import GROUPED_CONFIG, WGRAD_ALIGN, nvfp4_grouped_matmul, nvfp4_grouped_wgrad
+from minite.kernels.quantize import nvfp4_quantize_segments_t
 from minite.numerics import QuantSpec
 
 # (label, tile (BLOCK_R, BLOCK_NB, warps) or None for the shipped heuristic)
@@ -149,9 +150,52 @@ def sweep_grouped(out: dict) -> None:
     out["grouped"] = res
 
 
+WGRAD_VARIANTS = {
+    "shipped": None,
+    "128x128x64 w4 s3": GemmConfig(128, 128, 64, 4, 3),
+    "128x128x64 w4 s4": GemmConfig(128, 128, 64, 4, 4),
+    "128x256x64 w8 s3": GemmConfig(128, 256, 64, 8, 3),
+    "256x128x64 w8 s3": GemmConfig(256, 128, 64, 8, 3),
+    "128x128x64 w8 s3": GemmConfig(128, 128, 64, 8, 3),
+    "64x128x64 w4 s4": GemmConfig(64, 128, 64, 4, 4),
+}
+
+
+def sweep_wgrad(out: dict) -> None:
+    """gate_up's weight gradient dW_e = dY_eᵀ X_e (1536 x 2048 per expert, reduced over its ~256 tokens)."""
+    e, topk, hidden, ffn, tokens = GROUPED_SHAPES
+    offs, offs_i32 = grouped_routing(e, topk, tokens)
+    rows_n, n, k = int(offs[-1]), 2 * ffn, hidden
+    x, dy = _randn((rows_n, k), 91), _randn((rows_n, n), 93)
+    ta, poffs = nvfp4_quantize_segments_t(dy, offs, QuantSpec(scope="row"), align=WGRAD_ALIGN)
+    tb, _ = nvfp4_quantize_segments_t(x, offs, QuantSpec(scope="row"), align=WGRAD_ALIGN)
+    base = bench(lambda a, b: torch._grouped_mm(a, b, offs=offs_i32), [(dy.T, x)])
+    flops = 2 * rows_n * n * k
+    print(f"wgrad: torch._grouped_mm bf16 {base * 1e3:.1f} us = {flops / base / 1e9:.0f} TFLOP/s")
+    res, ref = {}, None
+    for cl, cfg in WGRAD_VARIANTS.items():
+        try:
+            o = nvfp4_grouped_wgrad(ta, tb, poffs, torch.bfloat16, config=cfg)
+            torch.cuda.synchronize()
+            if ref is None:
+                ref, same = o, "reference"
+            else:
+                d = int((o.view(torch.int16) != ref.view(torch.int16)).sum())
+                same = "same bits" if d == 0 else f"DIFFERS in {d} of {o.numel()}"
+            t = bench(
+                lambda a, b, cfg=cfg: nvfp4_grouped_wgrad(a, b, poffs, torch.bfloat16, config=cfg), [(ta, tb)]
+            )
+        except Exception as exc:  # noqa: BLE001
+            t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+        res[cl] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
+        print(f"wgrad {cl:24s} {t * 1e3:8.1f} us  {base / t:.3f}x bf16  {same}", flush=True)
+    res["torch._grouped_mm bf16"] = {"us": base * 1e3}
+    out["wgrad"] = res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["quantize", "grouped"])
+    ap.add_argument("--only", choices=["quantize", "grouped", "wgrad"])
     ap.add_argument("--json")
     args = ap.parse_args()
     out: dict = {"gpu": torch.cuda.get_device_name(0)}
@@ -159,6 +203,8 @@ def main() -> None:
         sweep_quantize(out)
     if args.only in (None, "grouped"):
         sweep_grouped(out)
+    if args.only in (None, "wgrad"):
+        sweep_wgrad(out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
