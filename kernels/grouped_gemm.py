@@ -74,8 +74,12 @@ SWAP_ROWS_PER_EXPERT = 8  # the swapped 16-token tile up to this many rows per e
 FAST_ROWS_PER_EXPERT = 16  # the 16-row mma.sync tile (not batch-invariant) up to this many
 FEW_ROWS_PER_EXPERT = 32  # the 64-row tile up to this many
 # wgrad steps 64 tokens at a time: expert segments are padded to multiples of 64 (WGRAD_ALIGN) so the
-# loads need no masks, at the price of at most 63 zero tokens per expert
-WGRAD_CONFIG = GemmConfig(128, 128, 64, num_warps=8, num_stages=4)
+# loads need no masks, at the price of at most 63 zero tokens per expert. An expert's ~256 tokens make
+# only ~4 K steps a tile, so the pipeline's fill and the epilogue weigh: 4 warps, two programs a SM, one
+# filling while the other computes. H200, gate_up's dW (128 experts x 1536 x 2048, 4096 tokens top-8):
+# 1191.7 us against 1976.8 for the previous 8-warp 4-stage tile, same bits; 256x128 w8 1489.5, 128x256 w8
+# 1586.2 (torch._grouped_mm bf16 546.6; results/bench/issue6_sweep_h200.md)
+WGRAD_CONFIG = GemmConfig(128, 128, 64, num_warps=4, num_stages=3)
 WGRAD_ALIGN = 64
 
 
@@ -450,6 +454,8 @@ __all__ = [
     "GROUPED_CONFIG",
     "GROUPED_FEW_ROWS_CONFIG",
     "GROUPED_FEW_ROWS_FAST_CONFIG",
+    "GROUPED_LONG_K_CONFIG",
+    "GROUPED_SHORT_K_CONFIG",
     "GROUPED_SWAP_CONFIG",
     "WGRAD_ALIGN",
     "WGRAD_CONFIG",

@@ -152,12 +152,11 @@ def sweep_grouped(out: dict) -> None:
 
 WGRAD_VARIANTS = {
     "shipped": None,
-    "128x128x64 w4 s3": GemmConfig(128, 128, 64, 4, 3),
-    "128x128x64 w4 s4": GemmConfig(128, 128, 64, 4, 4),
-    "128x256x64 w8 s3": GemmConfig(128, 256, 64, 8, 3),
-    "256x128x64 w8 s3": GemmConfig(256, 128, 64, 8, 3),
-    "128x128x64 w8 s3": GemmConfig(128, 128, 64, 8, 3),
-    "64x128x64 w4 s4": GemmConfig(64, 128, 64, 4, 4),
+    "128x128x64 w8 s4 (previous)": GemmConfig(128, 128, 64, 8, 4),
+    "128x128x64 w4 s2": GemmConfig(128, 128, 64, 4, 2),
+    "128x64x64 w4 s3": GemmConfig(128, 64, 64, 4, 3),
+    "64x128x64 w4 s3": GemmConfig(64, 128, 64, 4, 3),
+    "256x128x64 w8 s2": GemmConfig(256, 128, 64, 8, 2),
 }
 
 
