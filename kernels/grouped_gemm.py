@@ -340,7 +340,8 @@ def nvfp4_grouped_matmul(
     # a row tile holds at least one row, so there are at most T of them: at decode (T = tokens x top-k,
     # far fewer than E + T / BLOCK_M) the surplus programs would otherwise outnumber the working ones
     grid = (min(triton.cdiv(t, cfg.block_m) + e, t), triton.cdiv(n, cfg.block_n))
-    if N_FASTEST:
+    n_first = N_FASTEST and grid[0] <= 65535  # a grid's second axis holds at most 65535 programs
+    if n_first:
         grid = (grid[1], grid[0])
     out_view, out_bf16 = out_arg(out)
     _nvfp4_grouped_gemm_kernel[grid](
@@ -376,7 +377,7 @@ def nvfp4_grouped_matmul(
         NUM_STAGES=cfg.num_stages,
         OUT_BF16=out_bf16,
         SWAP_AB=cfg.swap_ab,
-        N_FASTEST=N_FASTEST,
+        N_FASTEST=n_first,
         **cfg.launch_options(),
     )
     return out
