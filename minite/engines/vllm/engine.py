@@ -29,8 +29,9 @@ Choices, and why:
 - `fp32_norm`: the model's RMSNorm modules are switched to the trainer's fp32 norm (minite.nn.norm
   `rms_norm_fp32`) in place, in-process (`_fp32_rms_norm`); the quantization plugin cannot reach norms.
 - `rope="fp32"`: each attention module's `rotary_emb` is replaced by `_Fp32Rope` (minite.nn.attention's
-  table and arithmetic, the code the trainer runs). On CPU this computes exactly what vLLM's own rotary
-  op computes (tests/nn/test_rope_attention.py); the swap makes it hold on every platform. The module
+  table and arithmetic, the code the trainer runs). vLLM's own CPU rotary op computes the same float32
+  values; it rounds them to bf16 to nearest even on AVX-512 CPUs but toward zero on AVX2 ones
+  (tests/nn/test_rope_attention.py). The swap makes the trainer's rounding hold on every platform. The module
   is replaced on this model's attention layers only: vLLM caches rotary modules process-wide
   (`get_rope`), so the shared instance itself is never modified.
 - `attention="fp64"`: each attention layer's backend implementation (`layer.impl`, one per layer of
