@@ -24,7 +24,9 @@ rotary dim). With `enforce_eager` the custom-op mode is "all", so the module dis
   (all bf16 widened to fp32 in 8-lane vectors):
       v[j]       = bf16( fp32(x·c) − fp32(y·s) )
       v[j + d/2] = bf16( fp32(y·c) + fp32(x·s) )
-  i.e. fp32 arithmetic rounded once to bf16 (round to nearest even). The products of two bf16 numbers
+  i.e. fp32 arithmetic rounded once to bf16: to nearest even on AVX-512 CPUs, toward zero on AVX2 ones
+  (its AVX2 fp32 -> bf16 conversion truncates; measured on an AVX2 AMD EPYC, where about half the outputs
+  are one ulp below nearest-even; tests/nn/test_rope_attention.py). The products of two bf16 numbers
   are exact in fp32, so whether the compiler contracts a product into an FMA does not matter: the
   result is round_bf16(round_fp32(x·c − y·s)).
 - transformers (`apply_rotary_pos_emb`) instead computes q·cos + rotate_half(q)·sin in bf16 tensors:
