@@ -102,6 +102,22 @@ def sweep_quantize(out: dict) -> None:
     out["quantize"] = res
 
 
+def _checked_time(fn, args: tuple, ref: torch.Tensor | None) -> tuple[float, str, torch.Tensor | None]:
+    """(ms of fn(*args), its bf16 output against `ref` bit for bit, the reference): the first output seen
+    becomes the reference. A variant that fails to compile or run is a result too (nan, the error)."""
+    try:
+        o = fn(*args)
+        torch.cuda.synchronize()
+        if ref is None:
+            ref, same = o, "reference"
+        else:
+            d = int((o.view(torch.int16) != ref.view(torch.int16)).sum())
+            same = "same bits" if d == 0 else f"DIFFERS in {d} of {o.numel()}"
+        return bench(fn, [args]), same, ref
+    except Exception as exc:  # noqa: BLE001
+        return float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}", ref
+
+
 def sweep_grouped(out: dict) -> None:
     gmm = torch._grouped_mm
     e, topk, hidden, ffn, tokens = GROUPED_SHAPES
@@ -125,20 +141,11 @@ def sweep_grouped(out: dict) -> None:
         for cl, cfg, n_fastest in variants:
             gg.N_FASTEST = n_fastest
             t0 = time.time()
-            try:
-                o = nvfp4_grouped_matmul(qa, qw, offs, torch.bfloat16, config=cfg)
-                torch.cuda.synchronize()
-                if ref is None:
-                    ref, same = o, "reference"
-                else:
-                    d = int((o.view(torch.int16) != ref.view(torch.int16)).sum())
-                    same = "same bits" if d == 0 else f"DIFFERS in {d} of {o.numel()}"
-                t = bench(
-                    lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg),
-                    [(qa, qw)],
-                )
-            except Exception as exc:  # noqa: BLE001
-                t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+            t, same, ref = _checked_time(
+                lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg),
+                (qa, qw),
+                ref,
+            )
             gg.N_FASTEST = True
             res[f"{label} | {cl}"] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
             print(
@@ -173,19 +180,9 @@ def sweep_wgrad(out: dict) -> None:
     print(f"wgrad: torch._grouped_mm bf16 {base * 1e3:.1f} us = {flops / base / 1e9:.0f} TFLOP/s")
     res, ref = {}, None
     for cl, cfg in WGRAD_VARIANTS.items():
-        try:
-            o = nvfp4_grouped_wgrad(ta, tb, poffs, torch.bfloat16, config=cfg)
-            torch.cuda.synchronize()
-            if ref is None:
-                ref, same = o, "reference"
-            else:
-                d = int((o.view(torch.int16) != ref.view(torch.int16)).sum())
-                same = "same bits" if d == 0 else f"DIFFERS in {d} of {o.numel()}"
-            t = bench(
-                lambda a, b, cfg=cfg: nvfp4_grouped_wgrad(a, b, poffs, torch.bfloat16, config=cfg), [(ta, tb)]
-            )
-        except Exception as exc:  # noqa: BLE001
-            t, same = float("nan"), f"{type(exc).__name__}: {str(exc)[:120]}"
+        t, same, ref = _checked_time(
+            lambda a, b, cfg=cfg: nvfp4_grouped_wgrad(a, b, poffs, torch.bfloat16, config=cfg), (ta, tb), ref
+        )
         res[cl] = {"us": t * 1e3, "vs_bf16": base / t, "check": same}
         print(f"wgrad {cl:24s} {t * 1e3:8.1f} us  {base / t:.3f}x bf16  {same}", flush=True)
     res["torch._grouped_mm bf16"] = {"us": base * 1e3}
