@@ -18,6 +18,7 @@ from minite.nn.attention import (
     AlignedAttention,
     RopeTable,
     apply_rope_fp32,
+    apply_rope_fp32_ref,
     attention_fp64,
     causal_keep,
     rope_cos_sin_table,
@@ -84,13 +85,6 @@ def test_rope_table_matches_transformers_cos_sin():
     assert torch.equal(c, cos[..., : D // 2]) and torch.equal(s, sin[..., : D // 2])
 
 
-def _rope_fp32_unrounded(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rope_fp32's float32 result before its one rounding to x's dtype."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos.float(), sin.float()
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-
 def _bf16_toward_zero(v: torch.Tensor) -> torch.Tensor:
     return (v.view(torch.int32) & -65536).view(torch.float32).bfloat16()
 
@@ -127,8 +121,9 @@ def test_rope_fp32_is_vllm_cpu_rotary_op_bit_for_bit():
     if torch.equal(q_ours, q_vllm):  # nearest-even: ours exactly
         assert torch.equal(k_ours, k_vllm)
     else:  # toward zero, on every element of both
-        q32 = _rope_fp32_unrounded(q.view(t, HQ, D), cos[:, None], sin[:, None]).view(t, -1)
-        k32 = _rope_fp32_unrounded(k.view(t, HKV, D), cos[:, None], sin[:, None]).view(t, -1)
+        # the float32 values before the one rounding: the reference on float32 x rounds to float32 (none)
+        q32 = apply_rope_fp32_ref(q.float().view(t, HQ, D), cos[:, None], sin[:, None]).view(t, -1)
+        k32 = apply_rope_fp32_ref(k.float().view(t, HKV, D), cos[:, None], sin[:, None]).view(t, -1)
         assert torch.equal(_bf16_toward_zero(q32), q_vllm) and torch.equal(_bf16_toward_zero(k32), k_vllm)
         assert torch.equal(q32.bfloat16(), q_ours)  # and ours is the nearest-even rounding of the same values
     # the module VLLMSampler swaps in for rope="fp32" computes ours, whatever the CPU
