@@ -18,6 +18,7 @@ reproduce: setup
 # under Triton's CPU interpreter: TRITON_INTERPRET must be set before anything (vLLM included)
 # imports triton, so they cannot share a process with the rest of the suite.
 test: setup
+	bash scripts/setup_system.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --ignore=tests/kernels
 	TRITON_INTERPRET=1 $(PY) -m pytest -q tests/kernels
