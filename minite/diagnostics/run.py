@@ -82,7 +82,8 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
 
     from minite.models.tokenizer import encode_prompt
     from minite.recipes import get_recipe
-    from minite.rl.task import load_jsonl, reward
+    from minite.rl.formats import score
+    from minite.rl.task import load_jsonl
     from minite.runs import build_sampler, load_trainer, sync
 
     recipe = recipe or get_recipe(cfg.recipe)
@@ -115,7 +116,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
         prompts = [encode_prompt(tok, e.prompt) for e in examples]
         comps = _sample(sampler, prompts, cfg, tok.eos_token_id)
         rewards = [
-            reward(tok.decode(c.token_ids), e.answer)
+            score(e, tok.decode(c.token_ids))
             for e, c in zip([e for e in examples for _ in range(cfg.samples_per_prompt)], comps, strict=True)
         ]
         batch = TokenBatch.from_completions(comps, tok.pad_token_id)

@@ -1,6 +1,6 @@
 """Character-level tokenizer for the synthetic arithmetic task, in Hugging Face format.
 
-Why character level: the arithmetic task uses 15 characters, so one token per character keeps the
+Why character level: the arithmetic tasks use 17 characters, so one token per character keeps the
 vocabulary (and the embedding / lm_head GEMMs) tiny and makes every answer digit its own decision,
 which is what the trainer/sampler log-prob comparison looks at. Why HF format: the trainer
 (transformers) and the sampler (vLLM) must load the *same* tokenizer from the checkpoint directory
@@ -29,8 +29,9 @@ from minite.rl.task import END_OF_ANSWER
 
 PAD, BOS, EOS = "<pad>", "<bos>", END_OF_ANSWER
 SPECIALS = (PAD, BOS, EOS)
-#: Characters of the task, one token each (digits, operators, "=", space).
-CHARS = "0123456789+-*= "
+#: Characters of the tasks, one token each: digits, operators, "=", space; then the scratchpad's step
+#: separator ";" and answer marker "#" (minite.rl.scratchpad), appended so every earlier id is unchanged.
+CHARS = "0123456789+-*= ;#"
 VOCAB_MULTIPLE = 16
 
 

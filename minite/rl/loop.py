@@ -43,8 +43,9 @@ from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
 from minite.engines.weight_sync import export_weights
 from minite.faultinject import maybe_kill
 from minite.recipes import get_recipe
+from minite.rl.formats import score
 from minite.rl.grpo import GRPOConfig, group_advantages
-from minite.rl.task import Example, load_jsonl, reward
+from minite.rl.task import Example, load_jsonl
 
 
 def _at_least(low: int, **values: int) -> None:
@@ -84,8 +85,20 @@ class SamplerConfig:
     # runs an engine next to its learner shard, 0.3 on a GPU and 0.5 / local ranks on CPU (there
     # VLLM_CPU_KVCACHE_SPACE, in GiB, if set, wins over both)
     gpu_memory_utilization: float | None = None
+    # a synthetic mismatch (minite/engines/noise.py): the std of seeded Gaussian noise added to the
+    # sampler's fp32 logits in sampled rollouts (never in greedy evals); 0 = off. Built-in engine only
+    logit_noise: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.logit_noise < math.inf:  # NaN fails the comparison too
+            raise ConfigError(
+                f"sampler.logit_noise must be a finite number >= 0 (0 = off), got {self.logit_noise}"
+            )
+        if self.logit_noise > 0 and self.engine != "builtin":
+            raise ConfigError(
+                "sampler.logit_noise needs sampler.engine 'builtin' (the noise is a hook on the built-in "
+                "engine's logits; minite/engines/noise.py); set engine: builtin or logit_noise: 0"
+            )
         if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
             raise ConfigError("sampler.tensor_parallel_size and data_parallel_size must be >= 1")
         if self.engine == "builtin" and (self.tensor_parallel_size, self.data_parallel_size) != (1, 1):
@@ -358,7 +371,7 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
     if cfg.sampler.engine == "builtin":
         from minite.engines.sampler import BuiltinSampler
 
-        return BuiltinSampler(
+        sampler = BuiltinSampler(
             model_config,
             recipe,
             dtype=dtype,
@@ -367,6 +380,11 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
             device=device if device is not None else resolve_device(cfg.device),
             max_len=cfg.sampler.max_model_len,
         )
+        if cfg.sampler.logit_noise > 0:
+            from minite.engines.noise import LogitNoiseSampler
+
+            return LogitNoiseSampler(sampler, cfg.sampler.logit_noise)
+        return sampler
     if cfg.sampler.data_parallel_size > 1:
         raise ConfigError(
             "sampler.data_parallel_size > 1: vLLM runs offline data parallelism only under an external "
@@ -447,7 +465,7 @@ def step_prompts(
 def group_rewards(tokenizer, groups: list[list[Completion]], exs: list[Example]) -> torch.Tensor:
     """The reward of every completion, group by group (the order of the flattened completions)."""
     return torch.tensor(
-        [reward(tokenizer.decode(c.token_ids), e.answer) for g, e in zip(groups, exs, strict=True) for c in g]
+        [score(e, tokenizer.decode(c.token_ids)) for g, e in zip(groups, exs, strict=True) for c in g]
     )
 
 
@@ -456,7 +474,7 @@ def evaluate_accuracy(sampler, tokenizer, examples: list[Example], max_new_token
 
     prompts = [encode_prompt(tokenizer, e.prompt) for e in examples]
     groups = sampler.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0))
-    hits = [reward(tokenizer.decode(g[0].token_ids), e.answer) for g, e in zip(groups, examples, strict=True)]
+    hits = [score(e, tokenizer.decode(g[0].token_ids)) for g, e in zip(groups, examples, strict=True)]
     return sum(hits) / max(1, len(hits))
 
 

@@ -29,8 +29,9 @@ from minite.checkpoint import sha256_file
 from minite.engines.device import resolve_device
 from minite.models.tiny import build_tiny_config, build_tiny_model, save_model
 from minite.models.tokenizer import build_tokenizer
+from minite.rl.formats import make_splits
 from minite.rl.sft import SFTConfig, accuracy, place_model, sft
-from minite.rl.task import TaskConfig, generate, save_jsonl
+from minite.rl.task import TaskConfig, save_jsonl
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
@@ -67,7 +68,7 @@ def prepare_tiny(
         shutil.rmtree(tmp)
     t0 = time.perf_counter()
     try:
-        train, ev = generate(task_cfg)
+        train, ev = make_splits(task_cfg)  # in task_cfg.format
         (tmp / "data").mkdir(parents=True)
         save_jsonl(train, tmp / "data" / "train.jsonl")
         save_jsonl(ev, tmp / "data" / "eval.jsonl")

@@ -36,7 +36,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minite.engines.device import check_device, resolve_device
 from minite.models.tokenizer import encode_completion, encode_prompt
-from minite.rl.task import Example, reward
+from minite.rl.formats import score
+from minite.rl.task import Example
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def make_batch(
     seqs, n_prompt = [], []
     for ex in examples:
         p = encode_prompt(tokenizer, ex.prompt)
-        seqs.append(p + encode_completion(tokenizer, ex.answer))
+        seqs.append(p + encode_completion(tokenizer, ex.completion))
         n_prompt.append(len(p))
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -195,12 +196,12 @@ def greedy_complete(
 def accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example]
 ) -> float:
-    """Greedy exact-match accuracy (mean `task.reward`)."""
+    """Greedy accuracy (mean `formats.score`: exact match of the answer, by the example's format)."""
     if not examples:
         return float("nan")
-    max_new = max(len(ex.answer) for ex in examples) + 1
+    max_new = max(len(ex.completion) for ex in examples) + 1
     comps = greedy_complete(model, tokenizer, [ex.prompt for ex in examples], max_new)
-    return sum(reward(c, ex.answer) for c, ex in zip(comps, examples, strict=True)) / len(examples)
+    return sum(score(ex, c) for c, ex in zip(comps, examples, strict=True)) / len(examples)
 
 
 def sft(

@@ -10,6 +10,12 @@ sets (no prompt appears in both). Splits are stored as JSONL with one `{"prompt"
 per line. The answer is a plain decimal integer (a leading "-" when negative); the completion the
 model is trained to produce is the answer followed by an end-of-answer marker (the tokenizer's EOS,
 see `minite.models.tokenizer`), which `reward` strips before comparing.
+
+Completion formats (`TaskConfig.format`, `Example.format`): "answer" (above: the completion is the
+answer) or "scratchpad" (`minite.rl.scratchpad`: the intermediate results of every step, then the
+answer after a "#" marker, tens of tokens). A line may carry the optional fields `target` (the
+completion SFT trains on; default the answer) and `format` (default "answer"); `minite.rl.rewards.score`
+grades a completion by its example's format.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from minite.configuration import ConfigError
 END_OF_ANSWER = "<eos>"
 
 _OPERATORS = ("+", "-", "*")
+#: Completion formats: "answer" (this module) and "scratchpad" (minite.rl.scratchpad).
+FORMATS = ("answer", "scratchpad")
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class TaskConfig:
     max_value: int = 20
     operators: tuple[str, ...] = ("+", "-")
     allow_negative: bool = False
+    format: str = "answer"  # one of FORMATS: what the model completes (module docstring)
 
     def __post_init__(self) -> None:
         if self.n_train < 0 or self.n_eval < 0:
@@ -58,19 +67,34 @@ class TaskConfig:
             raise ValueError(f"max_value must be >= 1, got {self.max_value}")
         if not self.operators or any(op not in _OPERATORS for op in self.operators):
             raise ValueError(f"operators must be a non-empty subset of {_OPERATORS}, got {self.operators}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {self.format!r}")
         # JSON/YAML configs give lists; keep the dataclass hashable.
         object.__setattr__(self, "operators", tuple(self.operators))
 
 
 @dataclass(frozen=True)
 class Example:
-    """One problem: `prompt` ends with "=", `answer` is the exact decimal result."""
+    """One problem: `prompt` ends with "=", `answer` is the exact decimal result; `target` is the
+    completion text SFT trains on (None: the answer), `format` how a completion is graded."""
 
     prompt: str
     answer: str
+    target: str | None = None
+    format: str = "answer"
+
+    @property
+    def completion(self) -> str:
+        """The text the model is trained to complete the prompt with (before the end marker)."""
+        return self.answer if self.target is None else self.target
 
     def to_json(self) -> dict[str, str]:
-        return {"prompt": self.prompt, "answer": self.answer}
+        out = {"prompt": self.prompt, "answer": self.answer}
+        if self.target is not None:
+            out["target"] = self.target
+        if self.format != "answer":
+            out["format"] = self.format
+        return out
 
 
 def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
@@ -103,8 +127,14 @@ def generate(cfg: TaskConfig) -> tuple[list[Example], list[Example]]:
     """Deterministic disjoint (train, eval) splits of distinct problems.
 
     Raises ValueError when the problem space is too small for the requested sizes (detected when
-    drawing stops producing new prompts).
+    drawing stops producing new prompts). This is the "answer" format; `minite.rl.formats.make_splits`
+    renders the same problems in `cfg.format`.
     """
+    if cfg.format != "answer":
+        raise ValueError(
+            f"task.generate makes the 'answer' format; for format {cfg.format!r} call "
+            "minite.rl.formats.make_splits(cfg)"
+        )
     rng = random.Random(cfg.seed)
     wanted = cfg.n_train + cfg.n_eval
     seen: set[str] = set()
@@ -169,7 +199,14 @@ def load_jsonl(path: str | Path) -> list[Example]:
         if missing:
             raise ConfigError(f"{path}:{lineno}: missing field(s) {missing}; {fix}")
         prompt, answer = obj["prompt"], obj["answer"]
+        target, fmt = obj.get("target"), obj.get("format", "answer")
         if not isinstance(prompt, str) or not isinstance(answer, str):
             raise ConfigError(f"{path}:{lineno}: 'prompt' and 'answer' must be strings; {fix}")
-        examples.append(Example(prompt=prompt, answer=answer))
+        if target is not None and not isinstance(target, str):
+            raise ConfigError(f"{path}:{lineno}: optional 'target' must be a string; {fix}")
+        if fmt not in FORMATS:
+            raise ConfigError(
+                f"{path}:{lineno}: 'format' {fmt!r} is not one of {FORMATS}; fix or drop the field"
+            )
+        examples.append(Example(prompt=prompt, answer=answer, target=target, format=fmt))
     return examples
