@@ -130,6 +130,7 @@ def build_report(
     prepare_metrics: str | Path | None = None,
     run_config: str | Path | None = None,
     commit: str = "unknown",
+    claims_dir: str | Path | None = None,
 ) -> Path:
     fdir, tdir, out = Path(figures_dir), Path(tables_dir), Path(out_dir)
     manifest = _read(fdir / "manifest.json")
@@ -176,6 +177,7 @@ def build_report(
             f"{md.read_text()}\n"
         )
 
+    claims = claims_section(claims_dir, out) if claims_dir else ""
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     mref = manifest.get("mlflow") or {}  # the figures run: holds every figure and table as artifacts
     store = _short_uri(mref.get("tracking_uri", ""))
@@ -190,6 +192,7 @@ def build_report(
         "in which the sampler executes the trainer's exact forward numerics (`minite`). The numbers below "
         "are computed by the workflow; the text is generated from them.\n",
         "".join(f"- {s}\n" for s in summary_sentences(summary, tp)),
+        claims,
         "\n## Setup\n",
         setup_table(prep, run_cfg, profile, tp),
         "\n## Results\n",
@@ -226,6 +229,27 @@ def build_report(
     report = out / "report.md"
     report.write_text(text)
     return report
+
+
+def claims_section(claims_dir: str | Path, out: Path) -> str:
+    """The Claims section (minite.claims_report) from `minite claims` output, its figures copied next to
+    the report; "" when the folder holds no claims.json."""
+    from minite.claims_report import claims_markdown
+
+    cdir = Path(claims_dir)
+    result = _read(cdir / "claims.json")
+    if not result:
+        return ""
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    pngs = {}
+    for name, files in (result.get("figures") or {}).items():
+        for f in files:
+            src = cdir / Path(f).name
+            if src.is_file():
+                shutil.copy2(src, out / "figures" / src.name)
+                if src.suffix == ".png":
+                    pngs[name] = f"figures/{src.name}"
+    return "\n" + claims_markdown(result, pngs)
 
 
 def _src(entry: dict[str, Any]) -> str:

@@ -2,6 +2,24 @@
 # paper/<profile>/ (minite paper). Both read files only; both log their outputs to MLflow.
 
 FIG_FORMATS = (config.get("figures") or {}).get("formats", ["png", "pdf"])
+# The paper's claims C1-C5 (minite claims): enabled by the profile's claims section; its arms must be
+# runs of the profile (recipes or its ablations). `record` (a path stem) also writes the committed
+# record <stem>.md + <stem>.json with commit, date and command.
+CLAIMS = config.get("claims") or {}
+CLAIMS_ON = bool(CLAIMS.get("enabled", False))
+CLAIMS_DIR = f"{RES}/claims"
+if CLAIMS_ON:
+    _named = [CLAIMS.get(k) for k in ("baseline", "naive", "aligned")]
+    _named += list(CLAIMS.get("corrections") or []) + list(CLAIMS.get("dose_response") or [])
+    _unrun = [n for n in _named if n and n not in RUNS]
+    if _unrun:
+        raise WorkflowError(
+            f"claims: arm(s) {_unrun} are not runs of profile {PROFILE!r}; add them to its recipes or "
+            f"ablations, or remove them from the claims section (runs: {', '.join(RUNS)})"
+        )
+_claims_out = {"json": f"{CLAIMS_DIR}/claims.json", "md": f"{CLAIMS_DIR}/claims.md"}
+if CLAIMS.get("record"):
+    _claims_out.update(record_md=f"{CLAIMS['record']}.md", record_json=f"{CLAIMS['record']}.json")
 FIG_DPI = (config.get("figures") or {}).get("dpi", 150)
 FIGS = f"{RES}/figures"
 TABLES = f"{RES}/tables"
@@ -42,9 +60,40 @@ rule figures:
         " --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
 
 
+def _eval_task():
+    t = config["eval"]["tasks"][0]
+    return t if isinstance(t, str) else t["name"]
+
+
+rule claims:
+    input:
+        rl=rl_outputs(RUNS),
+        evals=eval_outputs(RUNS),
+    output:
+        **_claims_out,
+    params:
+        rl=[rl_dir(r, s) for r in RUNS for s in seeds(r)],
+        claims=json.dumps(CLAIMS, sort_keys=True),
+        task=_eval_task(),
+        bench=CLAIMS.get("bench", "results/bench"),
+        record=f"--record {CLAIMS['record']}" if CLAIMS.get("record") else "",
+        formats=",".join(FIG_FORMATS),
+        dpi=FIG_DPI,
+        out=CLAIMS_DIR,
+    log:
+        f"{LOGS}/claims/claims.log",
+    benchmark:
+        f"{BENCH}/claims/claims.tsv"
+    shell:
+        "{MINITE} claims --rl {params.rl} --evals {input.evals} --claims {params.claims:q} --task {params.task}"
+        " --bench {params.bench} --out {params.out} --profile {PROFILE} {params.record}"
+        " --formats {params.formats} --dpi {params.dpi} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
+
+
 rule paper:
     input:
         manifest=f"{FIGS}/manifest.json",
+        claims=[_claims_out["json"]] if CLAIMS_ON else [],
         summary=f"{TABLES}/summary.csv",
         throughput=list(THROUGHPUT.values()),
         prepare=f"{PREP}/prepare_metrics.json",
@@ -55,6 +104,7 @@ rule paper:
         figures=FIGS,
         tables=TABLES,
         out=f"paper/{PROFILE}",
+        claims=f"--claims-dir {CLAIMS_DIR}" if CLAIMS_ON else "",
     log:
         f"{LOGS}/paper/paper.log",
     benchmark:
@@ -62,4 +112,4 @@ rule paper:
     shell:
         "{MINITE} paper --profile {PROFILE} --figures-dir {params.figures} --tables-dir {params.tables}"
         " --throughput {input.throughput} --prepare-metrics {input.prepare} --run-config {input.run_config}"
-        " --out {params.out} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
+        " {params.claims} --out {params.out} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"

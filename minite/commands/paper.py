@@ -27,6 +27,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--prepare-metrics")
     p.add_argument("--run-config", help="config.json of one RL run (the RL settings table)")
+    p.add_argument("--claims-dir", help="minite claims output (claims.json + figures): the Claims section")
     p.add_argument("--out", required=True, help="report folder, e.g. paper/tiny")
     p.add_argument("--mlflow-experiment")
     args = p.parse_args(argv)
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
             prepare_metrics=args.prepare_metrics,
             run_config=args.run_config,
             commit=git_commit(),
+            claims_dir=args.claims_dir,
         )
         if args.mlflow_experiment:
             log_run(

@@ -1,0 +1,148 @@
+"""The Claims section as Markdown (for paper/<profile>/report.md and results/reference/claims.md), and
+the committed record of an experiment (claims.md + claims.json with commit, date and command).
+
+Everything printed comes from the `minite.claims.evaluate` result; the verdict rules are those of
+minite/claims.py's docstring, quoted in short here so the section can be read on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from minite.claims import fmt_interval
+
+RULES = (
+    "Verdict rules (minite/claims.py): intervals are {level:.0%} Student-t over seeds (Welch for "
+    "differences of two arms); δ = {margin} exact match is the smallest quality difference that counts. "
+    "C1: the aligned gap is exactly 0 and an arm with the trainer's exact weights in the same formats but "
+    "other execution has a gap > 0. C2: no non-finite step, no collapse, and CI(aligned − bf16) > −δ. "
+    "C3: CI(naive − aligned) < 0 (not reproduced if CI > −δ). C4: aligned gap 0 with the plain objective, "
+    "every correction keeps a gap > 0 and none is better than alignment by δ (not reproduced if one is "
+    "better with confidence). C5: committed GPU learner benchmarks; a B300 claim."
+)
+
+
+def _f(v: Any, spec: str = ".3f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return format(v, spec)
+
+
+def learning_table(result: dict[str, Any]) -> str:
+    rows = result.get("learning") or []
+    if not rows:
+        return ""
+    head = (
+        "| arm | seeds | steps | reward, first window | reward, last window | reward gain "
+        "| final exact match |\n"
+        "|---|---:|---:|---|---|---|---|\n"
+    )
+    body = "".join(
+        f"| {r['arm']} | {r['n']} | {r['steps']} | {fmt_interval(r['reward_first'])} | "
+        f"{fmt_interval(r['reward_last'])} | {fmt_interval(r['reward_gain'], '+.3f')} | "
+        f"{fmt_interval(r['quality'])} |\n"
+        for r in rows
+    )
+    return head + body
+
+
+def arms_table(result: dict[str, Any]) -> str:
+    arms = result["arms"]
+    head = (
+        "| arm | seeds | steps | final exact match | reward gain | mean abs Δlogp | KL k3 | logit noise |\n"
+        "|---|---:|---:|---|---|---|---|---:|\n"
+    )
+    body = "".join(
+        f"| {n} | {a['n']} | {a['steps']} | {fmt_interval(a['quality'])} | "
+        f"{fmt_interval(a['reward_gain'], '+.3f')} | {fmt_interval(a['gap'], '.2e')} | "
+        f"{fmt_interval(a['kl_k3'], '.2e')} | {_f(a['logit_noise'], 'g')} |\n"
+        for n, a in arms.items()
+    )
+    return head + body
+
+
+def dose_lines(result: dict[str, Any]) -> list[str]:
+    dr = result.get("dose_response") or {}
+    thr = dr.get("threshold")
+    out = []
+    for p in dr.get("points") or []:
+        d = p.get("quality_minus_aligned")
+        out.append(
+            f"{p['arm']}: gap {fmt_interval(p['gap'], '.2e')}, exact match {fmt_interval(p['quality'])}"
+            + (f", − aligned {fmt_interval(d, '+.3f')}" if d else " (reference)")
+            + (" **degraded**" if p.get("degraded") else "")
+        )
+    if thr:
+        out.append(
+            f"Learning degrades (quality significantly below the aligned recipe) from a measured gap of "
+            f"{thr['gap']:.2e} mean |Δlogp| (KL k3 {_f(thr['kl_k3'], '.2e')}, arm {thr['arm']}); "
+            "the largest gap "
+            f"below it without a significant loss: {_f(thr['largest_gap_not_degraded'], '.2e')}."
+        )
+    elif out:
+        out.append("No dose arm is significantly below the aligned recipe at this number of seeds.")
+    return out
+
+
+def claims_markdown(
+    result: dict[str, Any], figures: dict[str, str] | None = None, heading: str = "##"
+) -> str:
+    """The Claims section; `figures` maps claims_curves / claims_final / claims_dose to relative paths."""
+    figures = figures or {}
+    parts = [f"{heading} Claims\n"]
+    parts.append(RULES.format(level=result["level"], margin=result["margin"]) + "\n")
+    parts.append("| claim | statement | verdict |\n|---|---|---|\n")
+    for cid, c in result["claims"].items():
+        parts.append(f"| {cid} | {c['statement']} | **{c['verdict']}** |\n")
+    parts.append("\n")
+    lt = learning_table(result)
+    if lt:
+        parts.append(
+            f"{heading}# RL learning (rollout reward first → last window, {result['level']:.0%} interval)\n\n"
+        )
+        parts.append(lt + "\n")
+    for cid, c in result["claims"].items():
+        parts.append(f"{heading}# {cid}: {c['statement']} — {c['verdict']}\n\n")
+        parts.extend(f"- {e}\n" for e in c["evidence"])
+        if c.get("to_settle"):
+            parts.append(f"- To settle: {c['to_settle']}\n")
+        parts.append("\n")
+    dl = dose_lines(result)
+    if dl:
+        parts.append(f"{heading}# Dose-response: quality against the measured gap\n\n")
+        parts.extend(f"- {x}\n" for x in dl)
+        parts.append("\n")
+    captions = {
+        "claims_curves": "Rollout reward and in-loop greedy accuracy per RL step: mean over seeds, band the "
+        "95 % t interval.",
+        "claims_final": "Final lm-eval exact match per arm: seeds (dots), mean (diamond) and its 95 % t "
+        "interval.",
+        "claims_dose": "Final quality and reward gain against the measured trainer/sampler gap of every "
+        "dose-response arm (aligned recipe + one naive component, or + logit noise); degraded arms outlined.",
+    }
+    for name, cap in captions.items():
+        if name in figures:
+            parts.append(f"![{name}]({figures[name]})\n\n**{name}.** {cap}\n\n")
+    parts.append(f"{heading}# Every arm\n\n" + arms_table(result) + "\n")
+    return "".join(parts)
+
+
+def record(
+    result: dict[str, Any], out_stem: str | Path, *, commit: str, date: str, command: str, profile: str
+) -> list[str]:
+    """results/reference/claims.md + claims.json: the result with its provenance."""
+    stem = Path(out_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"profile": profile, "commit": commit, "date": date, "command": command}
+    (stem.with_suffix(".json")).write_text(json.dumps({**meta, **result}, indent=2, default=str) + "\n")
+    seeds = sorted({s for a in result["arms"].values() for s in a["seeds"]})
+    head = (
+        f"# The paper's claims, measured (profile `{profile}`)\n\n"
+        f"Command: `{command}`. Code commit `{commit}`, {date}. Seeds {seeds}; numbers and intervals from "
+        f"`{stem.with_suffix('.json').name}` beside this file (built by `minite claims`).\n\n"
+    )
+    (stem.with_suffix(".md")).write_text(head + claims_markdown(result, heading="##"))
+    return [str(stem.with_suffix(".md")), str(stem.with_suffix(".json"))]

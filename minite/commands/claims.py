@@ -1,0 +1,126 @@
+r"""`minite claims`: the paper's claims C1-C5 settled from a profile's results (minite.claims).
+
+    minite claims --rl results/claims/rl/*/seed* --evals results/claims/eval/*/seed*.json \
+        --claims '{"baseline": "bf16", "naive": "te_nvfp4", "aligned": "minite", "corrections": [...],
+                   "dose_response": [...]}' --task tiny_scratchpad --bench results/bench \
+        --out results/claims/claims --profile claims [--record results/reference/claims]
+
+Writes <out>/claims.json (every arm, per-seed numbers, intervals, verdicts), <out>/claims.md (the
+Claims section) and the figures claims_curves / claims_final / claims_dose; with --record also
+<stem>.md + <stem>.json with the commit, the date and the command that reproduces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+from pathlib import Path
+
+from minite.commands.common import run_guarded
+from minite.configuration import ConfigError
+
+ROLE_KEYS = ("baseline", "naive", "aligned", "corrections", "dose_response")
+
+
+def parse_claims(text: str) -> dict:
+    try:
+        sec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--claims: not JSON ({e.msg}); pass the profile's claims section as JSON") from e
+    if not isinstance(sec, dict):
+        raise ConfigError("--claims: expected a JSON object (the profile's claims section)")
+    return sec
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="minite claims", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--rl", nargs="+", required=True, help="RL output folders (results/<p>/rl/<run>/seed<S>)")
+    p.add_argument(
+        "--evals", nargs="*", default=[], help="lm-eval JSONs (results/<p>/eval/<run>/seed<S>.json)"
+    )
+    p.add_argument("--claims", required=True, help="the profile's claims section, as JSON")
+    p.add_argument("--task", help="eval task whose exact match is the quality (default: the first)")
+    p.add_argument("--bench", default="results/bench", help="folder of the GPU learner benchmarks (C5)")
+    p.add_argument("--out", required=True, help="folder for claims.json, claims.md and the figures")
+    p.add_argument("--profile", default="?", help="profile name (titles, the record's command)")
+    p.add_argument("--record", help="also write <stem>.md and <stem>.json with provenance")
+    p.add_argument("--command", help="the reproduction command the record quotes")
+    p.add_argument("--formats", default="png,pdf")
+    p.add_argument("--dpi", type=int, default=150)
+    p.add_argument("--mlflow-experiment")
+    args = p.parse_args(argv)
+
+    def go() -> int:
+        sec = parse_claims(args.claims)
+        roles = {k: sec[k] for k in ROLE_KEYS if k in sec}
+        for k in ("baseline", "naive", "aligned"):
+            roles.setdefault(k, {"baseline": "bf16", "naive": "te_nvfp4", "aligned": "minite"}[k])
+        missing = [d for d in args.rl if not (Path(d) / "metrics.jsonl").is_file()]
+        if missing:
+            raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
+        from minite.claims import evaluate, load_seeds
+        from minite.claims_figures import _style, fig_curves, fig_dose, fig_final
+        from minite.claims_report import claims_markdown, record
+        from minite.tracking import git_commit
+
+        level, margin = float(sec.get("level", 0.95)), float(sec.get("margin", 0.05))
+        seeds = load_seeds(args.rl, args.evals, args.task, sec.get("window"))
+        result = evaluate(seeds, roles, level=level, margin=margin, bench=args.bench)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        _style()
+        formats = [f for f in args.formats.split(",") if f]
+        kw = dict(formats=formats, dpi=args.dpi, title=args.profile)
+        main_arms = [roles["baseline"], roles["naive"], roles["aligned"], *roles.get("corrections", [])]
+        steps = max(s["steps"] for s in seeds)
+        files = {
+            "claims_curves": fig_curves(
+                args.rl, main_arms, out, smooth=int(sec.get("smooth", max(1, steps // 20))), level=level, **kw
+            ),
+            "claims_final": fig_final(result, out, **kw),
+            "claims_dose": fig_dose(result, out, **kw),
+        }
+        result["figures"] = {k: v for k, v in files.items() if v}
+        (out / "claims.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        pngs = {
+            k: Path(next(f for f in v if f.endswith(".png") or f == v[0])).name
+            for k, v in result["figures"].items()
+        }
+        (out / "claims.md").write_text(claims_markdown(result, pngs))
+        written = [str(out / "claims.json"), str(out / "claims.md")]
+        if args.record:
+            date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+            command = args.command or f"snakemake --cores 2 --config profile={args.profile}"
+            written += record(
+                result, args.record, commit=git_commit(), date=date, command=command, profile=args.profile
+            )
+        if args.mlflow_experiment:
+            from minite.tracking import log_run
+
+            log_run(
+                experiment=args.mlflow_experiment,
+                stage="claims",
+                run="all",
+                seed="all",
+                recipe="all",
+                config={"claims": sec},
+                metrics={
+                    f"claims/{c}_reproduced": float(v["verdict"] == "reproduced")
+                    for c, v in result["claims"].items()
+                },
+                artifacts=[(str(out), "claims")],
+            )
+        verdicts = ", ".join(f"{c} {v['verdict']}" for c, v in result["claims"].items())
+        print(f"minite claims: {verdicts} -> {', '.join(written)}")
+        return 0
+
+    return run_guarded(go)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,403 @@
+"""minite.claims: intervals against hand-computed values, per-seed numbers from a written RL folder,
+every verdict branch of C1-C4 on made-up arms, C5 from benchmark JSONs, and the `minite claims` verb."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from minite import claims as C
+from minite.claims_report import claims_markdown
+
+# --- intervals ------------------------------------------------------------------------------------------
+
+
+def test_t_quantiles_match_the_table():
+    # two-sided 95 % Student t, from any printed table
+    assert C.t_quantile(0.95, 2) == pytest.approx(4.302653, abs=1e-6)
+    assert C.t_quantile(0.95, 4) == pytest.approx(2.776445, abs=1e-6)
+    assert C.t_quantile(0.95, 10) == pytest.approx(2.228139, abs=1e-6)
+    assert C.t_quantile(0.95, 1e9) == pytest.approx(1.959964, abs=1e-5)
+    assert C.t_quantile(0.90, 2) == pytest.approx(2.919986, abs=1e-6)
+
+
+def test_t_interval_by_hand():
+    iv = C.t_interval([1.0, 2.0, 3.0])  # mean 2, s = 1, h = 4.302653 / sqrt(3) = 2.484138
+    assert (iv.mean, iv.sd, iv.n, iv.df) == (2.0, 1.0, 3, 2)
+    assert iv.lo == pytest.approx(2 - 2.484138, abs=1e-6) and iv.hi == pytest.approx(2 + 2.484138, abs=1e-6)
+    same = C.t_interval([0.4, 0.4, 0.4])
+    assert same.lo == pytest.approx(0.4) and same.hi == pytest.approx(0.4)
+    one = C.t_interval([0.3])
+    assert one.mean == 0.3 and math.isnan(one.lo) and math.isnan(one.hi)
+    assert C.t_interval([0.1, float("nan"), 0.3]).n == 2  # a missing seed is dropped, not averaged
+
+
+def test_welch_interval_by_hand():
+    # equal variances 1, n = 3: se = sqrt(2/3) = 0.816497, df = 4, h = 2.776445 * se = 2.266958
+    iv = C.welch_interval([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert iv.mean == -3.0 and iv.df == pytest.approx(4.0)
+    assert iv.lo == pytest.approx(-5.266958, abs=1e-5) and iv.hi == pytest.approx(-0.733042, abs=1e-5)
+    # unequal: a = [0, 2] (s² = 2), b = [1, 1, 1, 1] (s² = 0): se = sqrt(2/2) = 1, df = 1, t = 12.706205
+    iv = C.welch_interval([0.0, 2.0], [1.0, 1.0, 1.0, 1.0])
+    assert iv.mean == 0.0 and iv.df == pytest.approx(1.0)
+    assert iv.hi == pytest.approx(12.706205, abs=1e-5)
+    assert math.isnan(C.welch_interval([1.0], [2.0, 3.0]).lo)
+
+
+def test_bootstrap_interval():
+    iv = C.bootstrap_interval([0.0, 1.0], n_boot=4000, seed=1)  # resampled means are 0, 0.5 or 1
+    assert (iv.lo, iv.hi, iv.mean) == (0.0, 1.0, 0.5)
+    assert C.bootstrap_interval([0.25] * 3).lo == 0.25
+    a, b = C.bootstrap_interval([0.1, 0.5, 0.2], seed=3), C.bootstrap_interval([0.1, 0.5, 0.2], seed=3)
+    assert a == b and 0.1 <= a.lo <= a.mean <= a.hi <= 0.5
+
+
+def test_seeds_needed_by_hand():
+    # sd 0.03 in both arms, room 0.05: n = 4 gives 2.446912 * sqrt(0.0018 / 4) = 0.0519 (not yet),
+    # n = 5 gives 2.306004 * sqrt(0.0018 / 5) = 0.0438 < 0.05
+    assert C.seeds_needed(0.03, 0.03, 0.05) == 5
+    assert C.seeds_needed(0.03, 0.03, 0.0) is None
+    assert C.seeds_needed(0.0, 0.0, 0.01) == 2
+    assert C.seeds_needed(1.0, 1.0, 1e-4, n_max=50) is None
+
+
+# --- per-seed numbers from an RL folder -------------------------------------------------------------------
+
+MINITE_RECIPE = {
+    "trainer": {
+        "quantized": True,
+        "fprop_weight": {"block": "16x16"},
+        "fprop_act": {"block": "1x16", "scope": "row"},
+    },
+    "sampler": {
+        "quantized": True,
+        "fprop_weight": {"block": "16x16"},
+        "fprop_act": {"block": "1x16", "scope": "row"},
+        "weight_source": "trainer",
+    },
+}
+
+
+def write_run(
+    root: Path,
+    run: str,
+    seed: int,
+    rewards,
+    gaps,
+    evals=None,
+    quality=None,
+    recipe=None,
+    grpo=None,
+    noise=0.0,
+    task="tiny_scratchpad",
+):
+    rdir = root / "runs" / run
+    rdir.mkdir(parents=True, exist_ok=True)
+    (rdir / "recipe.yaml").write_text(yaml.safe_dump(recipe or {"trainer": {}, "sampler": {}}))
+    d = root / "rl" / run / f"seed{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "recipe": str(rdir / "recipe.yaml"),
+        "seed": seed,
+        "grpo": grpo or {},
+        "sampler": {"logit_noise": noise},
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    lines = []
+    for i, (r, g) in enumerate(zip(rewards, gaps, strict=True)):
+        rec = {"step": i, "reward_mean": r, "mismatch/logp_abs_diff_mean": g, "mismatch/kl_k3": g / 10}
+        if evals and i in evals:
+            rec["eval/accuracy"] = evals[i]
+        lines.append(json.dumps(rec))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    ev = root / "eval" / run / f"seed{seed}.json"
+    if quality is not None:
+        ev.parent.mkdir(parents=True, exist_ok=True)
+        ev.write_text(json.dumps({"tasks": {task: {"exact_match": quality}}}))
+    return d, ev
+
+
+def test_seed_metrics_by_hand(tmp_path):
+    rewards = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.0, 0.5]
+    d, ev = write_run(
+        tmp_path, "minite", 0, rewards, [0.0] * 12, evals={11: 0.45}, quality=0.42, recipe=MINITE_RECIPE
+    )
+    m = C.seed_metrics(d, ev, "tiny_scratchpad", window=3)
+    assert m["reward_first"] == pytest.approx(0.2) and m["reward_last"] == pytest.approx(0.5)
+    assert m["reward_gain"] == pytest.approx(0.3) and m["quality"] == 0.42 and m["loop_eval"] == 0.45
+    assert m["zero_gap"] and not m["gap_positive"] and m["same_weights_and_formats"]
+    assert C.seed_metrics(d, ev)["window"] == 5  # default max(5, steps // 10)
+    d2, _ = write_run(tmp_path, "te", 0, [0.1] * 4, [0.1, 0.2, 0.3, 0.0], grpo={"tis": True})
+    m2 = C.seed_metrics(d2, None)
+    assert m2["gap"] == pytest.approx(0.15) and not m2["zero_gap"] and not m2["gap_positive"]
+    assert m2["corrections"] == ["tis"] and math.isnan(m2["quality"])
+
+
+def test_same_weights_and_formats():
+    assert C.same_weights_and_formats(MINITE_RECIPE)
+    other = json.loads(json.dumps(MINITE_RECIPE))
+    other["sampler"]["weight_source"] = "reexport"
+    assert not C.same_weights_and_formats(other)
+    other = json.loads(json.dumps(MINITE_RECIPE))
+    other["sampler"]["fprop_act"]["scope"] = "tensor"
+    assert not C.same_weights_and_formats(other)
+    assert not C.same_weights_and_formats({"trainer": {}, "sampler": {}})  # bf16
+
+
+# --- verdicts on made-up arms -----------------------------------------------------------------------------
+
+ROLES = {
+    "baseline": "bf16",
+    "naive": "te_nvfp4",
+    "aligned": "minite",
+    "corrections": ["te_nvfp4_tis"],
+    "dose_response": ["minite_act", "minite_noise_1"],
+}
+
+
+def seed_row(run, seed, quality, gap, first=0.3, last=0.45, same=False, corr=(), noise=0.0, nonfinite=0):
+    return {
+        "run": run,
+        "seed": seed,
+        "steps": 300,
+        "window": 30,
+        "quality": quality,
+        "loop_eval": quality,
+        "reward_first": first,
+        "reward_last": last,
+        "reward_gain": last - first,
+        "gap": gap,
+        "kl_k3": gap / 10,
+        "zero_gap": gap == 0,
+        "gap_positive": gap > 0,
+        "nonfinite": nonfinite,
+        "logit_noise": noise,
+        "corrections": list(corr),
+        "same_weights_and_formats": same,
+        "rl_dir": "",
+        "eval_file": None,
+    }
+
+
+def arms(q: dict[str, list[float]], **kw) -> list[dict]:
+    gaps = {
+        "bf16": 1e-3,
+        "te_nvfp4": 0.1,
+        "minite": 0.0,
+        "te_nvfp4_tis": 0.1,
+        "minite_act": 0.02,
+        "minite_noise_1": 0.5,
+    }
+    rows = []
+    for run, qs in q.items():
+        for s, x in enumerate(qs):
+            rows.append(
+                seed_row(
+                    run,
+                    s,
+                    x,
+                    kw.get("gap", {}).get(run, gaps[run]),
+                    same=run in ("minite", "minite_act"),
+                    corr=("tis",) if run.endswith("tis") else (),
+                    noise=1.0 if "noise" in run else 0.0,
+                    **kw.get("extra", {}).get(run, {}),
+                )
+            )
+    return rows
+
+
+BASE = {
+    "bf16": [0.50, 0.52, 0.51],
+    "minite": [0.50, 0.51, 0.52],
+    "te_nvfp4": [0.40, 0.42, 0.41],
+    "te_nvfp4_tis": [0.45, 0.44, 0.46],
+    "minite_act": [0.49, 0.50, 0.51],
+    "minite_noise_1": [0.30, 0.31, 0.29],
+}
+
+
+def verdicts(rows, **kw):
+    res = C.evaluate(rows, ROLES, bench=None, **kw)
+    return {k: v["verdict"] for k, v in res["claims"].items()}, res
+
+
+def test_all_reproduced_when_the_data_say_so():
+    v, res = verdicts(arms(BASE))
+    assert v == {
+        "C1": "reproduced",
+        "C2": "reproduced",
+        "C3": "reproduced",
+        "C4": "reproduced",
+        "C5": "inconclusive",
+    }
+    thr = res["dose_response"]["threshold"]
+    assert thr["arm"] == "minite_noise_1" and thr["gap"] == 0.5
+    assert thr["largest_gap_not_degraded"] == 0.02  # minite_act
+    pts = {p["arm"]: p for p in res["dose_response"]["points"]}
+    assert pts["te_nvfp4"]["degraded"] and not pts["te_nvfp4"]["dose_arm"]  # drawn, not a dose arm
+    assert [p["arm"] for p in res["dose_response"]["points"]][0] == "minite"  # sorted by gap
+    md = claims_markdown(res)
+    assert "| C3 | naive TE NVFP4 is worse in evaluation quality | **reproduced** |" in md
+
+
+def test_c1_not_reproduced_when_execution_changes_leave_no_gap():
+    v, _ = verdicts(arms(BASE, gap={"minite_act": 0.0}))
+    assert v["C1"] == "not reproduced"
+    rows = [r for r in arms(BASE) if r["run"] != "minite_act"]
+    v, res = verdicts(rows)
+    assert v["C1"] == "inconclusive" and "changes only execution" in res["claims"]["C1"]["to_settle"]
+
+
+def test_c2_branches():
+    v, _ = verdicts(arms({**BASE, "minite": [0.30, 0.31, 0.32]}))
+    assert v["C2"] == "not reproduced"  # CI upper bound < -0.05
+    v, res = verdicts(arms({**BASE, "minite": [0.40, 0.50, 0.60]}))
+    assert v["C2"] == "inconclusive" and "seeds per arm" in res["claims"]["C2"]["to_settle"]
+    collapsed = arms(BASE, extra={"minite": {"first": 0.4, "last": 0.2}})
+    v, res = verdicts(collapsed)
+    assert v["C2"] == "not reproduced" and res["claims"]["C2"]["numbers"]["collapsed_seeds"] == [0, 1, 2]
+    v, _ = verdicts(arms(BASE, extra={"minite": {"nonfinite": 1}}))
+    assert v["C2"] == "not reproduced"
+
+
+def test_c3_branches():
+    v, _ = verdicts(arms({**BASE, "te_nvfp4": [0.50, 0.52, 0.51]}))
+    assert v["C3"] == "not reproduced"  # te - minite in [-0.02, 0.02]: no deficit of 0.05 fits
+    v, res = verdicts(arms({**BASE, "te_nvfp4": [0.35, 0.50, 0.60]}))
+    assert v["C3"] == "inconclusive" and res["claims"]["C3"]["to_settle"]
+    v, res = verdicts([r for r in arms(BASE) if r["run"] != "te_nvfp4"])
+    assert v["C3"] == "inconclusive" and "te_nvfp4" in res["claims"]["C3"]["to_settle"]
+
+
+def test_c4_branches():
+    v, _ = verdicts(arms({**BASE, "te_nvfp4_tis": [0.60, 0.61, 0.62]}))
+    assert v["C4"] == "not reproduced"  # the correction beats alignment with confidence
+    v, _ = verdicts(arms(BASE, gap={"te_nvfp4_tis": 0.0}))
+    assert v["C4"] == "not reproduced"  # a correction that closed the gap would contradict "only compensate"
+    v, res = verdicts(arms({**BASE, "te_nvfp4_tis": [0.40, 0.55, 0.60]}))
+    assert v["C4"] == "inconclusive" and "te_nvfp4_tis" in res["claims"]["C4"]["to_settle"]
+    corr = res["claims"]["C4"]["numbers"]["corrections"]["te_nvfp4_tis"]
+    assert corr["minus_naive"]["mean"] == pytest.approx((0.40 + 0.55 + 0.60) / 3 - 0.41)
+
+
+def test_one_seed_is_inconclusive_not_a_verdict():
+    one = {k: v[:1] for k, v in BASE.items()}
+    v, res = verdicts(arms(one))
+    assert v["C2"] == v["C3"] == "inconclusive"
+    assert "2 seeds" in res["claims"]["C3"]["to_settle"]
+    assert v["C1"] == "reproduced"  # exact zeros and positive gaps need no interval
+
+
+# --- C5 ------------------------------------------------------------------------------------------------
+
+
+def test_c5_from_bench_jsons(tmp_path):
+    def bench(name, date, recipes):
+        rec = {
+            r: {"tokens": 8192, "tokens_per_s": tps, "times": [8192 / best, 8192 / tps]}
+            for r, (tps, best) in recipes.items()
+        }
+        (tmp_path / name).write_text(
+            json.dumps(
+                {
+                    "kind": "learner",
+                    "device": {"name": "NVIDIA H200"},
+                    "environment": {"date": date},
+                    "recipes": rec,
+                    "shape": {"name": "qwen3-30b-a3b", "num_hidden_layers": 7},
+                }
+            )
+        )
+
+    bench(
+        "learner_h200.json",
+        "2026-11-30T17:00",
+        {"bf16": (20000, 20000), "minite": (5000, 10000), "te_nvfp4": (400, 400)},
+    )
+    bench("learner_h200_s2.json", "2026-12-01T09:00", {"bf16": (20000, 20000), "minite": (8000, 11000)})
+    c5 = C.claim_c5(tmp_path)
+    n = c5["numbers"]
+    assert c5["verdict"] == "inconclusive" and n["file"].endswith("learner_h200_s2.json")
+    assert n["minite_over_bf16_median"] == pytest.approx(0.4) and n["minite_over_bf16_best"] == pytest.approx(
+        0.55
+    )
+    assert n["minite_over_te_nvfp4_median"] == pytest.approx(12.5)  # from the latest file that has te_nvfp4
+    assert "B300" in c5["to_settle"]
+    assert C.claim_c5(tmp_path / "none")["verdict"] == "inconclusive"
+
+
+def test_c5_on_the_committed_benchmarks():
+    bench = Path(__file__).resolve().parents[1] / "results" / "bench"
+    c5 = C.claim_c5(bench)
+    latest = max(
+        (json.loads(p.read_text()) for p in bench.glob("learner_h200*.json")),
+        key=lambda d: d["environment"]["date"],
+    )
+    r = latest["recipes"]
+    assert c5["numbers"]["minite_over_bf16_median"] == pytest.approx(
+        r["minite"]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
+    )
+    assert c5["numbers"]["minite_over_bf16_median"] < 1 < c5["numbers"]["minite_over_te_nvfp4_median"]
+
+
+# --- the verb ------------------------------------------------------------------------------------------
+
+
+def test_minite_claims_verb_writes_json_md_figures_and_record(tmp_path, capsys):
+    from minite.commands.claims import main
+
+    rl, evs = [], []
+    for run, qs in BASE.items():
+        for s, q in enumerate(qs):
+            rec = MINITE_RECIPE if run in ("minite", "minite_act") else None
+            gap = {"minite": 0.0}.get(run, 0.05)
+            rewards = [0.3 + 0.01 * i + 0.02 * s for i in range(20)]
+            d, ev = write_run(
+                tmp_path / "results",
+                run,
+                s,
+                rewards,
+                [gap] * 20,
+                evals={9: q, 19: q},
+                quality=q,
+                recipe=rec,
+                grpo={"tis": True} if run.endswith("tis") else None,
+                noise=1.0 if "noise" in run else 0.0,
+            )
+            rl.append(str(d))
+            evs.append(str(ev))
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "--rl",
+            *rl,
+            "--evals",
+            *evs,
+            "--claims",
+            json.dumps({**ROLES, "margin": 0.05}),
+            "--out",
+            str(out),
+            "--profile",
+            "unit",
+            "--record",
+            str(tmp_path / "ref" / "claims"),
+            "--formats",
+            "png",
+            "--bench",
+            str(tmp_path / "no-bench"),
+        ]
+    )
+    assert rc == 0
+    res = json.loads((out / "claims.json").read_text())
+    assert set(res["claims"]) == {"C1", "C2", "C3", "C4", "C5"}
+    assert res["arms"]["minite"]["quality"]["values"] == [0.50, 0.51, 0.52]
+    for name in ("claims_curves", "claims_final", "claims_dose"):
+        assert (out / f"{name}.png").is_file(), name
+    rec = (tmp_path / "ref" / "claims.md").read_text()
+    assert "Command: `snakemake --cores 2 --config profile=unit`" in rec and "Code commit" in rec
+    assert json.loads((tmp_path / "ref" / "claims.json").read_text())["profile"] == "unit"
+    assert "C3 reproduced" in capsys.readouterr().out
+    assert main(["--rl", str(tmp_path / "nope"), "--claims", "{}", "--out", str(out)]) == 2
+    assert main(["--rl", *rl, "--claims", "not json", "--out", str(out)]) == 2
