@@ -173,6 +173,8 @@ def global_encode_scale(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     s = torch.clamp(torch.full_like(amax, F8_F4_MAX) / amax, max=FLOAT32_MAX)
     if spec.flavor == "te":
         s = torch.where(s == 0, torch.ones_like(s), s)
+        # one NaN bit pattern on every device (a GPU division returns its canonical NaN instead)
+        s = torch.where(torch.isnan(s), torch.full_like(s, float("nan")), s)
     else:
         s = torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
     if spec.pow2_global:
