@@ -532,3 +532,68 @@ def test_rollout_correction_errors_and_yaml_keys():
         from_dict(GRPOConfig, {"mis": True, "mis_uper": 3.0}, "rl.grpo")
     with pytest.raises(ConfigError, match=r"rl\.grpo: .*geo_rs_lower=2.0 > geo_rs_upper"):
         from_dict(GRPOConfig, {"geo_rs": True, "geo_rs_lower": 2.0}, "rl.grpo")
+
+
+# --------------------------------------------------------------------------------------------------
+# the ablation files reach the loss in a real run: the workflow's own path (profiles.resolve_run ->
+# `minite resolve` -> `minite train --config`), the built-in sampler, the te_nvfp4 recipe, 2 steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ablation", "keys"),
+    [
+        ("te_nvfp4_mis", ("rollout_is_mean", "rollout_is_max", "rollout_is_min", "mis_seq_masked_fraction")),
+        ("te_nvfp4_geo_rs", ("geo_rs_ratio_mean", "geo_rs_ratio_min", "geo_rs_seq_masked_fraction")),
+    ],
+)
+def test_ablation_reaches_the_loss_in_a_real_run(tiny_inputs, tmp_path, ablation, keys):
+    import json
+
+    from minite.commands import resolve, train
+    from minite.profiles import load_profile, resolve_run
+
+    spec = resolve_run(load_profile("tiny"), ablation)
+    assert spec["rl"]["grpo"]["mis" if "mis" in ablation else "geo_rs"] is True
+    assert (
+        resolve.main(
+            [
+                "--spec",
+                json.dumps({k: v for k, v in spec.items() if k != "files"}),
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
+    out = tmp_path / "rl"
+    small = [
+        "steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=5",
+        "grpo.group_size=4",
+        "eval.every=0",
+        "eval.n_examples=8",
+    ]
+    argv = [
+        "--config",
+        str(tmp_path / "run" / "train.yaml"),
+        "--recipe",
+        str(tmp_path / "run" / "recipe.yaml"),
+    ]
+    argv += ["--model-dir", str(tiny_inputs["model_dir"]), "--data-dir", str(tiny_inputs["data_dir"])]
+    argv += ["--out", str(out), "--no-progress", *[a for s in small for a in ("--set", s)]]
+    assert train.main(argv) == 0
+    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 1]
+    for r in recs:
+        assert r["mismatch/logp_abs_diff_mean"] > 0  # te_nvfp4: a real trainer/sampler gap to correct
+        for k in ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction", *keys):
+            v = r[f"train/{k}"]
+            assert math.isfinite(v), (k, v)
+        assert 0.0 <= r["train/rollout_rs_seq_masked_fraction"] <= 1.0
+        assert math.isfinite(r["train/loss"])
+    if "mis" in ablation:  # the weights come from the gap: not all 1
+        assert any(r["train/rollout_is_mean"] != 1.0 for r in recs)
+    else:  # verl's +-0.1% bounds on the geometric mean: this gap rejects sequences
+        assert any(r["train/rollout_rs_seq_masked_fraction"] > 0 for r in recs)
