@@ -163,7 +163,7 @@ class GRPOConfig:
             if getattr(self, lo) > getattr(self, hi):
                 raise ValueError(
                     f"GRPOConfig.{lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}: the kept range "
-                    f"[{lo}, {hi}] would be empty; swap them"
+                    f"[{lo}, {hi}] would be empty; make {lo} <= {hi}"
                 )
         if self.tis and self.mis:
             raise ValueError(
