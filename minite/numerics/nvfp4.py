@@ -18,9 +18,10 @@ Choices, each a field of `QuantSpec`:
   every dequantized value e2m1·e4m3·2^-k is exactly a bf16 number).
 - flavor: the arithmetic of one implementation. They agree on the format and differ in float op order:
 
-  "te"        Transformer Engine's reference quantizer (`NVFP4QuantizerRef`, custom_recipes/
-              quantization_nvfp4.py, now reference_nvfp4.py; its CUDA kernel cast/nvfp4/core_nvfp4.cuh
-              shares the block arithmetic), byte for byte (tests/numerics/test_te_reference.py):
+  "te"        Transformer Engine's reference quantizer (`NVFP4QuantizerRef` in pytorch/custom_recipes/
+              quantization_nvfp4.py, later quantization_ref_nvfp4.py, now reference_nvfp4.py; its CUDA
+              kernel cast/nvfp4/core_nvfp4.cuh shares the block arithmetic), byte for byte
+              (tests/numerics/test_te_reference.py):
               block = e4m3(block_amax · (s_enc · (1/6))); element multiplier
               m = min(1 / (float(block) · (1/s_enc)), FLT_MAX): two reciprocals, each rounded. Where it
               departs from the other flavors, as TE's reference does:

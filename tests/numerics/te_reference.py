@@ -1,11 +1,12 @@
 """Transformer Engine's NVFP4 reference quantizer, re-derived op by op for the `te` flavor's tests.
 
 Source read: `NVFP4QuantizerRef` in Transformer Engine's
-`transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py` (renamed `reference_nvfp4.py` in
-2026; the non-4over6 arithmetic is the same in both), its `_apply_rht` / `_build_hadamard_matrix` and
-`get_wgrad_sign_vector`. Nothing here imports minite or Transformer Engine: each float32 operation of
-TE's reference is evaluated in float64 (exact for one op on float32 operands) and rounded to float32
-right after it, so the result is the correctly rounded float32 op that torch performs.
+`transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py` (renamed `quantization_ref_nvfp4.py`
+in TE #2620 and `reference_nvfp4.py` in TE #2817; read at both ends, the 1x16 / 16x16 arithmetic
+without 4over6 is the same), its `_apply_rht` / `_build_hadamard_matrix` and `get_wgrad_sign_vector`.
+Nothing here imports minite or Transformer Engine: each float32 operation of TE's reference is
+evaluated in float64 (exact for one op on float32 operands) and rounded to float32 right after it, so
+the result is the correctly rounded float32 op that torch performs.
 
 What TE's reference computes for x (R, C) quantized along C (its rowwise usage; the columnwise usage
 is the same on xᵀ, and the only one with RHT):
