@@ -892,7 +892,7 @@ GROUPED_SHAPES = (128, 8, 2048, 768, 4096)
 def grouped_routing(e: int, topk: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Routed rows of `tokens` tokens (uniform router scores, seed 90) sorted by expert: the offsets (E+1,)
     and their ends as int32 (torch._grouped_mm's form)."""
-    from minite.kernels.moe import sort_by_expert
+    from minite.kernels.routing import sort_by_expert
 
     g = torch.Generator(device="cuda").manual_seed(90)
     idx = torch.rand(tokens, e, generator=g, device="cuda").topk(topk, dim=1).indices
