@@ -4,7 +4,7 @@
 Qwen3-30B-A3B shapes: grouped experts (128 experts, top-8; gate_up N=1536 K=2048, down N=2048 K=768)
 at decode batches, against the shipped GROUPED_CONFIG and torch._grouped_mm bf16; dense projections
 against BATCH_INVARIANT_CONFIG and cuBLAS bf16; the float64 attention core at decode. Every time is a
-CUDA graph of 20 calls (5 for attention), the median replay (minite.bench.kernels.bench_graph; the
+CUDA graph of 20 calls (5 for attention), the median replay (minite.bench.timing.bench_graph; the
 2026-11-30 numbers in results/bench/decode_h200.md came from this script's own copy of that timer,
 the median of 5 event-timed replays).
 
@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from minite.bench.kernels import bench_graph
+from minite.bench.timing import bench_graph
 from minite.kernels.gemm import BATCH_INVARIANT_CONFIG, GemmConfig, nvfp4_matmul, split_for
 from minite.kernels.grouped_gemm import (
     GROUPED_CONFIG,
