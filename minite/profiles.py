@@ -291,6 +291,15 @@ def _cross_check(cfg, layers, configs_dir) -> list[str]:
             msgs.append(
                 _unknown("recipe", r, rdir, f"throughput.recipes (set in {_origin(layers, ['throughput'])})")
             )
+    runs = set(cfg["recipes"]) | set(cfg.get("ablations") or [])
+    for name in cfg.get("run_overrides") or {}:
+        if name not in runs:
+            close = difflib.get_close_matches(name, sorted(runs), n=1)
+            did = f" (did you mean {close[0]!r}?)" if close else ""
+            msgs.append(
+                f"run_overrides.{name}: not a run of this profile{did}, set in "
+                f"{_origin(layers, ['run_overrides', name])}; runs: {', '.join(sorted(runs))}"
+            )
     for i, a in enumerate(cfg.get("ablations") or []):
         where = f"ablations[{i}] (set in {_origin(layers, ['ablations'])})"
         if a in cfg["recipes"] or (rdir / f"{a}.yaml").is_file():
@@ -347,7 +356,14 @@ def run_names(cfg: dict[str, Any]) -> list[str]:
     return list(cfg["recipes"]) + list(cfg.get("ablations") or [])
 
 
+def run_override(cfg: dict[str, Any], run: str) -> dict[str, Any]:
+    """The profile's `run_overrides` entry of one run ({} if none): its own seeds and rl settings."""
+    return dict((cfg.get("run_overrides") or {}).get(run) or {})
+
+
 def run_seeds(cfg: dict[str, Any], run: str) -> list[int]:
+    if "seeds" in run_override(cfg, run):
+        return list(run_override(cfg, run)["seeds"])
     if run in cfg["recipes"]:
         return list(cfg["seeds"])
     return list(cfg.get("ablation_seeds") or cfg["seeds"][:1])
@@ -366,7 +382,7 @@ def resolve_run(cfg: dict[str, Any], run: str) -> dict[str, Any]:
     """Everything that defines one run: its recipe mapping, its rl settings, and the files they
     came from. Keys: run, recipe (the base recipe), ablation (None for a plain recipe), component,
     description, recipe_mapping, rl, files."""
-    rl = dict(cfg.get("rl") or {})
+    rl = deep_merge(dict(cfg.get("rl") or {}), run_override(cfg, run).get("rl") or {})
     if run in cfg["recipes"] or (recipes_dir(cfg) / f"{run}.yaml").is_file():
         mapping, files = recipe_mapping(run, cfg)
         return {
@@ -396,7 +412,8 @@ def resolve_run(cfg: dict[str, Any], run: str) -> dict[str, Any]:
         "component": abl.get("component", "other"),
         "description": description,
         "recipe_mapping": mapping,
-        "rl": deep_merge(rl, abl.get("rl") or {}),
+        # the ablation's own rl settings, then the profile's run_overrides of this run (last word)
+        "rl": deep_merge(deep_merge(rl, abl.get("rl") or {}), run_override(cfg, run).get("rl") or {}),
         "files": [str(f) for f in files] + [str(path)],
     }
 

@@ -3,8 +3,8 @@
 Task specs come from a profile's `eval.tasks`: a task name, or {name, data_files, dataset_path,
 overrides}. The task's own YAML (lm-eval's, or ours in minite/evals/tasks/) is loaded and its
 dataset is pointed at local files, so nothing is downloaded: `HF_HUB_OFFLINE=1` and
-`HF_DATASETS_OFFLINE=1` are set before lm-eval or datasets are imported. `tiny_arith` reads
-`<data_dir>/eval.jsonl` (the prepare stage's held-out split).
+`HF_DATASETS_OFFLINE=1` are set before lm-eval or datasets are imported. `tiny_arith` and
+`tiny_scratchpad` read `<data_dir>/eval.jsonl` (the prepare stage's held-out split).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from minite.configuration import ConfigError
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 # tasks whose data is the prepare stage's output: task -> (split, file in data_dir)
-DATA_DIR_TASKS = {"tiny_arith": ("test", "eval.jsonl")}
+DATA_DIR_TASKS = {"tiny_arith": ("test", "eval.jsonl"), "tiny_scratchpad": ("test", "eval.jsonl")}
 SAMPLES_KEPT = 32
 
 

@@ -53,3 +53,43 @@ def test_task_errors_are_actionable(tmp_path):
         task_configs(["tiny_arithm"], tmp_path, tm)
     with pytest.raises(FileNotFoundError, match="eval.jsonl"):
         task_configs(["tiny_arith"], tmp_path, tm)
+
+
+def test_tiny_scratchpad_grades_like_the_rl_reward(tmp_path):
+    """lm-eval's own pipeline (task YAML, regex filter, exact_match) on canned responses gives the score
+    that minite.rl.scratchpad.reward gives the same responses."""
+    from lm_eval import simple_evaluate
+    from lm_eval.api.model import LM
+
+    from minite.evals.harness import task_configs, task_manager
+    from minite.rl.scratchpad import reward
+
+    rows = [
+        ({"prompt": "12+7-3=", "answer": "16"}, "12+7=19;19-3=16#16"),
+        ({"prompt": "5+3=", "answer": "8"}, "5+3=9#8"),  # a wrong step, the right answer: 1
+        ({"prompt": "1-5=", "answer": "-4"}, "1-5=-4# -4 "),
+        ({"prompt": "2+2=", "answer": "4"}, "2+2=4"),  # no answer marker: 0
+        ({"prompt": "9+9=", "answer": "18"}, "9+9=18#181"),
+        ({"prompt": "3*3=", "answer": "9"}, "#1#9"),
+    ]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r, _ in rows))
+    canned = {r["prompt"]: resp for r, resp in rows}
+
+    class Canned(LM):
+        def generate_until(self, requests, disable_tqdm=False):
+            return [canned[req.args[0]] for req in requests]
+
+        def loglikelihood(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+    tm = task_manager(["tiny_scratchpad"])
+    cfgs = task_configs(["tiny_scratchpad"], tmp_path, tm)
+    assert cfgs[0]["generation_kwargs"]["max_gen_toks"] >= 40  # room for a whole scratchpad
+    res = simple_evaluate(model=Canned(), tasks=cfgs, task_manager=tm, bootstrap_iters=0)
+    got = res["results"]["tiny_scratchpad"]["exact_match,none"]
+    expected = sum(reward(resp, r["answer"]) for r, resp in rows) / len(rows)
+    assert expected == pytest.approx(4 / 6)
+    assert got == pytest.approx(expected)

@@ -1,0 +1,48 @@
+"""Profiles: `run_overrides` gives one run its own seeds and rl settings (merged after the ablation
+file's), and a mistake in it names the key and the closest run or key."""
+
+from __future__ import annotations
+
+import pytest
+
+from minite.configuration import ConfigError
+from minite.profiles import load_profile, resolve_run, run_seeds
+
+OVER = {
+    "ablations": ["te_nvfp4_tis", "minite_bf16_router"],
+    "ablation_seeds": [0, 1, 2],
+    "run_overrides": {
+        "te_nvfp4_tis": {"seeds": [4, 5], "rl": {"steps": 7, "grpo": {"tis_cap": 3.0}}},
+        "bf16": {"rl": {"rollout": {"prompts_per_step": 3}}},
+    },
+}
+
+
+def test_seeds_and_rl_of_one_run():
+    cfg = load_profile("tiny", OVER)
+    assert run_seeds(cfg, "te_nvfp4_tis") == [4, 5]
+    assert run_seeds(cfg, "minite_bf16_router") == [0, 1, 2]  # ablation_seeds, untouched
+    assert run_seeds(cfg, "minite") == cfg["seeds"]
+    tis = resolve_run(cfg, "te_nvfp4_tis")["rl"]
+    assert tis["steps"] == 7 and tis["grpo"]["tis"] is True and tis["grpo"]["tis_cap"] == 3.0
+    assert tis["rollout"] == cfg["rl"]["rollout"]  # everything else from the profile
+    assert resolve_run(cfg, "bf16")["rl"]["rollout"]["prompts_per_step"] == 3
+    assert resolve_run(cfg, "minite")["rl"] == cfg["rl"]
+    assert resolve_run(cfg, "minite_bf16_router")["rl"]["steps"] == cfg["rl"]["steps"]
+
+
+@pytest.mark.parametrize(
+    "over, expected",
+    [
+        ({"te_nvfp4_tiss": {"seeds": [0]}}, ["run_overrides.te_nvfp4_tiss", "did you mean 'te_nvfp4_tis'"]),
+        ({"bf16": {"sedes": [0]}}, ["run_overrides.bf16.sedes", "did you mean 'seeds'"]),
+        ({"bf16": {"rl": {"stpes": 3}}}, ["run_overrides.bf16.rl.stpes", "did you mean 'steps'"]),
+        ({"bf16": {"seeds": [0, 0]}}, ["run_overrides.bf16.seeds", "twice"]),
+    ],
+    ids=["unknown-run", "typo-key", "typo-rl-key", "duplicate-seed"],
+)
+def test_errors_name_the_key(over, expected):
+    with pytest.raises(ConfigError) as e:
+        load_profile("tiny", {"ablations": ["te_nvfp4_tis"], "run_overrides": over})
+    for part in expected:
+        assert part in str(e.value), (part, str(e.value))
