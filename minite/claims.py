@@ -58,7 +58,9 @@ that counts; CI is the interval above.
       a B300 (FP4 tensor cores); on a GPU without FP4 MMA it cannot be settled: inconclusive, with what
       holds there and why.
 Dose-response: every dose arm (and the naive arm) against the aligned arm, ordered by measured gap;
-learning "degrades" at the smallest gap whose CI(quality(arm) - quality(aligned)) upper bound < 0.
+quality there is the in-loop greedy accuracy at the arm's last step, compared with the aligned arm's
+at the same step (dose arms may run a shorter horizon: `run_overrides`); learning "degrades" at the
+smallest gap whose CI(quality(arm) - quality(aligned)) upper bound < 0.
 
 When a verdict is inconclusive the result says what would settle it: for a difference whose CI is too
 wide, the seeds per arm at which the t half-width, with the observed standard deviations, would be
@@ -281,6 +283,22 @@ def seed_metrics(
         "same_weights_and_formats": same_weights_and_formats(recipe),
         "rl_dir": str(d),
         "eval_file": str(eval_file) if eval_file else None,
+        # the curves, for comparisons at a matched step (dose arms with a shorter horizon); not in JSON
+        "_rewards": [r["reward_mean"] for r in recs],
+        "_evals": {int(r["step"]): r["eval/accuracy"] for r in recs if "eval/accuracy" in r},
+    }
+
+
+def at_step(row: dict[str, Any], steps: int, window: int) -> dict[str, float]:
+    """A seed's numbers over its first `steps` steps: reward first/last window and gain, and the
+    in-loop greedy accuracy at the last eval at or before step `steps` - 1."""
+    rewards = row["_rewards"][:steps]
+    first, last = _mean(rewards[:window]), _mean(rewards[-window:])
+    evals = [(s, a) for s, a in row["_evals"].items() if s < steps]
+    return {
+        "reward_gain": last - first,
+        "loop_eval": max(evals)[1] if evals else math.nan,
+        "eval_step": max(evals)[0] if evals else None,
     }
 
 
@@ -622,28 +640,42 @@ def claim_c5(bench: str | Path | None) -> dict[str, Any]:
     )
 
 
-def dose_response(arms: dict[str, dict], roles: dict[str, Any], level: float) -> dict[str, Any]:
-    """Quality against measured gap for the dose arms (and the naive arm), with the degradation point."""
+def dose_response(
+    arms: dict[str, dict], seeds: list[dict[str, Any]], roles: dict[str, Any], level: float
+) -> dict[str, Any]:
+    """Quality against measured gap for the dose arms (and the naive arm), with the degradation point.
+
+    Quality here is the in-loop greedy accuracy at the arm's last step, and the reward gain is over the
+    arm's own horizon; the aligned arm is read at the same step (`at_step`), so a dose arm that runs
+    fewer steps is compared with the aligned policy of the same age."""
     aligned = roles["aligned"]
     names = [n for n in [aligned, *roles.get("dose_response", []), roles["naive"]] if n in arms]
     if aligned not in arms:
         return {"points": [], "threshold": None, "note": f"aligned arm {aligned} not run"}
-    al = arms[aligned]
+    rows = {n: [r for r in seeds if r["run"] == n] for n in names}
     points = []
     for n in names:
         a = arms[n]
-        d = _diff(a, al, level) if n != aligned else None
-        g = _diff(a, al, level, "reward_gain") if n != aligned else None
+        horizon, window = a["steps"], rows[n][0]["window"]
+        mine = [at_step(r, horizon, window) for r in rows[n]]
+        ref = [at_step(r, horizon, window) for r in rows[aligned]]
+        q = t_interval([m["loop_eval"] for m in mine], level)
+        g = t_interval([m["reward_gain"] for m in mine], level)
+        dq = welch_interval([m["loop_eval"] for m in mine], [m["loop_eval"] for m in ref], level)
+        dg = welch_interval([m["reward_gain"] for m in mine], [m["reward_gain"] for m in ref], level)
+        d = dq if n != aligned else None
         points.append(
             {
                 "arm": n,
+                "steps": horizon,
+                "eval_step": mine[0]["eval_step"],
                 "logit_noise": a["logit_noise"],
                 "gap": a["gap"],
                 "kl_k3": a["kl_k3"],
-                "quality": a["quality"],
-                "reward_gain": a["reward_gain"],
+                "quality": q.to_dict(),
+                "reward_gain": g.to_dict(),
                 "quality_minus_aligned": d.to_dict() if d else None,
-                "reward_gain_minus_aligned": g.to_dict() if g else None,
+                "reward_gain_minus_aligned": dg.to_dict() if n != aligned else None,
                 "degraded": bool(d and math.isfinite(d.hi) and d.hi < 0),
                 # the naive recipe is drawn for reference (its trainer formats differ too); the
                 # degradation point is located on the aligned recipe's dose arms only
@@ -712,7 +744,10 @@ def evaluate(
         "roles": roles,
         "arms": arms,
         "claims": claims,
-        "dose_response": dose_response(arms, roles, level),
+        "dose_response": dose_response(arms, seeds, roles, level),
         "learning": learning(arms, main + list(roles.get("corrections", []))),
-        "seeds": [{k: _clean(v) if isinstance(v, float) else v for k, v in r.items()} for r in seeds],
+        "seeds": [
+            {k: _clean(v) if isinstance(v, float) else v for k, v in r.items() if not k.startswith("_")}
+            for r in seeds
+        ],
     }

@@ -160,7 +160,8 @@ def fig_final(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int
 
 
 def fig_dose(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int, title: str) -> list[str]:
-    """Quality and reward gain against the measured gap (log x; a zero gap drawn at a marked floor)."""
+    """Quality (in-loop greedy accuracy at the arm's last step) and reward gain against the measured gap
+    (log x; a zero gap drawn at a marked floor)."""
     import matplotlib.pyplot as plt
 
     pts = [p for p in result["dose_response"]["points"] if p["gap"]["mean"] is not None]
@@ -171,7 +172,7 @@ def fig_dose(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int,
     colors = palette([p["arm"] for p in pts])
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     for ax, key, ylab in (
-        (axes[0], "quality", "final exact match (lm-eval)"),
+        (axes[0], "quality", "greedy accuracy at the arm's last step"),
         (axes[1], "reward_gain", "reward gain, last - first window"),
     ):
         for p in pts:

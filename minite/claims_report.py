@@ -71,7 +71,8 @@ def dose_lines(result: dict[str, Any]) -> list[str]:
     for p in dr.get("points") or []:
         d = p.get("quality_minus_aligned")
         out.append(
-            f"{p['arm']}: gap {fmt_interval(p['gap'], '.2e')}, exact match {fmt_interval(p['quality'])}"
+            f"{p['arm']} ({p['steps']} steps): gap {fmt_interval(p['gap'], '.2e')}, greedy accuracy at step "
+            f"{p['eval_step']} {fmt_interval(p['quality'])}"
             + (f", − aligned {fmt_interval(d, '+.3f')}" if d else " (reference)")
             + (" **degraded**" if p.get("degraded") else "")
         )
@@ -120,8 +121,9 @@ def claims_markdown(
         "95 % t interval.",
         "claims_final": "Final lm-eval exact match per arm: seeds (dots), mean (diamond) and its 95 % t "
         "interval.",
-        "claims_dose": "Final quality and reward gain against the measured trainer/sampler gap of every "
-        "dose-response arm (aligned recipe + one naive component, or + logit noise); degraded arms outlined.",
+        "claims_dose": "Greedy accuracy at the arm's last step and reward gain against the measured "
+        "trainer/sampler gap of every dose-response arm (aligned recipe + one naive component, all of them, "
+        "or + logit noise), each against the aligned recipe at the same step; degraded arms outlined.",
     }
     for name, cap in captions.items():
         if name in figures:

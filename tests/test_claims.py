@@ -178,6 +178,8 @@ def seed_row(run, seed, quality, gap, first=0.3, last=0.45, same=False, corr=(),
         "same_weights_and_formats": same,
         "rl_dir": "",
         "eval_file": None,
+        "_rewards": [first] * 150 + [last] * 150,
+        "_evals": {149: quality, 299: quality},
     }
 
 
@@ -240,6 +242,28 @@ def test_all_reproduced_when_the_data_say_so():
     assert [p["arm"] for p in res["dose_response"]["points"]][0] == "minite"  # sorted by gap
     md = claims_markdown(res)
     assert "| C3 | naive TE NVFP4 is worse in evaluation quality | **reproduced** |" in md
+
+
+def test_at_step_and_a_dose_arm_with_a_shorter_horizon():
+    row = seed_row("minite", 0, 0.5, 0.0)
+    row["_evals"] = {24: 0.30, 149: 0.40, 299: 0.50}
+    assert C.at_step(row, 150, 30) == {"reward_gain": 0.0, "loop_eval": 0.40, "eval_step": 149}
+    assert C.at_step(row, 300, 30)["reward_gain"] == pytest.approx(0.15)
+    assert C.at_step(row, 100, 30)["eval_step"] == 24
+    rows = arms(
+        {"minite": BASE["minite"], "te_nvfp4": BASE["te_nvfp4"], "minite_noise_1": [0.36, 0.37, 0.38]}
+    )
+    for r in rows:
+        if r["run"] == "minite":
+            r["_evals"] = {149: 0.40, 299: r["quality"]}
+        if r["run"] == "minite_noise_1":  # 150 steps, its last eval at 149
+            r.update(steps=150, _rewards=r["_rewards"][:150], _evals={149: r["quality"]})
+    res = C.evaluate(rows, ROLES, bench=None)
+    pt = next(p for p in res["dose_response"]["points"] if p["arm"] == "minite_noise_1")
+    assert pt["steps"] == 150 and pt["eval_step"] == 149
+    assert pt["quality_minus_aligned"]["mean"] == pytest.approx(0.37 - 0.40)  # against minite at step 149
+    assert pt["reward_gain_minus_aligned"]["mean"] == pytest.approx(0.0)  # both flat over 150 steps
+    assert "_rewards" not in res["seeds"][0]
 
 
 def test_c1_not_reproduced_when_execution_changes_leave_no_gap():

@@ -1,0 +1,44 @@
+"""The claims stage in the workflow (`snakemake -n`): the claims profile plans the whole experiment
+(main arms x 3 seeds x 300 steps, corrections, dose arms with their run_overrides), one claims job
+whose record goes to results/reference/, and the paper reads it; a typo in an arm stops Snakemake."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from minite.profiles import load_profile, run_names, run_seeds
+from tests.workflow.workflow_helpers import planned_jobs, snakemake
+
+
+def test_claims_profile_plans_the_experiment(workdir):
+    res = snakemake("-n", "--config", "profile=claims", workdir=workdir, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    jobs = planned_jobs(res.stdout)
+    count = Counter(rule for rule, _ in jobs)
+    cfg = load_profile("claims")
+    n_runs = sum(len(run_seeds(cfg, r)) for r in run_names(cfg))
+    assert count["rl"] == count["eval"] == count["diagnose"] == n_runs
+    assert count["claims"] == count["paper"] == 1
+    seeds = Counter(wc["run"] for rule, wc in jobs if rule == "rl")
+    for arm in ("bf16", "te_nvfp4", "minite", "te_nvfp4_tis", "te_nvfp4_mis", "te_nvfp4_geo_rs"):
+        assert seeds[arm] == 3, arm
+    for arm in cfg["claims"]["dose_response"]:
+        assert seeds[arm] == 2, arm
+    block = res.stdout.split("rule claims:", 1)[1].split("\n\n", 1)[0]
+    assert "results/reference/claims.md" in block and "results/reference/claims.json" in block
+    assert re.search(r"rule paper:\s+input:.*results/claims/claims/claims\.json", res.stdout)
+    assert not (workdir / "results").exists()
+
+
+def test_tiny_report_gets_the_claims_section(workdir):
+    res = snakemake("-n", "paper", workdir=workdir, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "claims" in {r for r, _ in planned_jobs(res.stdout)}
+
+
+def test_an_unknown_arm_stops_snakemake(workdir):
+    res = snakemake("-n", "--config", "claims={enabled: true, corrections: [te_nvfp4_tys]}", workdir=workdir)
+    assert res.returncode != 0
+    out = res.stderr + res.stdout
+    assert "te_nvfp4_tys" in out and "neither recipes nor ablation files" in out
