@@ -60,7 +60,9 @@ that counts; CI is the interval above.
 Dose-response: every dose arm (and the naive arm) against the aligned arm, ordered by measured gap;
 quality there is the in-loop greedy accuracy at the arm's last step, compared with the aligned arm's
 at the same step (dose arms may run a shorter horizon: `run_overrides`); learning "degrades" at the
-smallest gap whose CI(quality(arm) - quality(aligned)) upper bound < 0.
+smallest gap whose CI(quality(arm) - quality(aligned)) upper bound < 0, or, for an arm run with one
+seed, whose value lies below the aligned arm's prediction interval for one more seed, mean - t(n-1) s
+sqrt(1 + 1/n) (`prediction_interval`).
 
 When a verdict is inconclusive the result says what would settle it: for a difference whose CI is too
 wide, the seeds per arm at which the t half-width, with the observed standard deviations, would be
@@ -165,6 +167,17 @@ def welch_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) 
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     h = t_quantile(level, df) * se
     return Interval(d, d - h, d + h, min(len(a), len(b)), "welch", se, df)
+
+
+def prediction_interval(xs: Sequence[float], level: float = 0.95) -> Interval:
+    """Where one more seed of the same arm would fall: mean ± t(n-1) s sqrt(1 + 1/n). Used to judge an
+    arm run with a single seed against a reference arm run with several."""
+    xs = [float(x) for x in xs if x is not None and math.isfinite(x)]
+    n, m, s = len(xs), _mean(xs), _sd(xs)
+    if n < 2:
+        return Interval(m, math.nan, math.nan, n, "prediction", s)
+    h = t_quantile(level, n - 1) * s * math.sqrt(1 + 1 / n)
+    return Interval(m, m - h, m + h, n, "prediction", s, n - 1)
 
 
 def bootstrap_interval(
@@ -664,6 +677,11 @@ def dose_response(
         dq = welch_interval([m["loop_eval"] for m in mine], [m["loop_eval"] for m in ref], level)
         dg = welch_interval([m["reward_gain"] for m in mine], [m["reward_gain"] for m in ref], level)
         d = dq if n != aligned else None
+        degraded = bool(d and math.isfinite(d.hi) and d.hi < 0)
+        ref_pi = prediction_interval([m["loop_eval"] for m in ref], level)
+        if d is not None and len(mine) == 1 and math.isfinite(ref_pi.lo):
+            # one seed: below where a new seed of the aligned arm would fall (its prediction interval)
+            degraded = mine[0]["loop_eval"] < ref_pi.lo
         points.append(
             {
                 "arm": n,
@@ -676,7 +694,8 @@ def dose_response(
                 "reward_gain": g.to_dict(),
                 "quality_minus_aligned": d.to_dict() if d else None,
                 "reward_gain_minus_aligned": dg.to_dict() if n != aligned else None,
-                "degraded": bool(d and math.isfinite(d.hi) and d.hi < 0),
+                "degraded": degraded,
+                "aligned_prediction_interval": ref_pi.to_dict() if d is not None and len(mine) == 1 else None,
                 # the naive recipe is drawn for reference (its trainer formats differ too); the
                 # degradation point is located on the aligned recipe's dose arms only
                 "dose_arm": n in roles.get("dose_response", []),

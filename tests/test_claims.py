@@ -54,6 +54,12 @@ def test_bootstrap_interval():
     assert a == b and 0.1 <= a.lo <= a.mean <= a.hi <= 0.5
 
 
+def test_prediction_interval_by_hand():
+    iv = C.prediction_interval([1.0, 2.0, 3.0])  # 4.302653 * 1 * sqrt(4/3) = 4.968275
+    assert iv.lo == pytest.approx(2 - 4.968275, abs=1e-6) and iv.hi == pytest.approx(2 + 4.968275, abs=1e-6)
+    assert math.isnan(C.prediction_interval([1.0]).lo)
+
+
 def test_seeds_needed_by_hand():
     # sd 0.03 in both arms, room 0.05: n = 4 gives 2.446912 * sqrt(0.0018 / 4) = 0.0519 (not yet),
     # n = 5 gives 2.306004 * sqrt(0.0018 / 5) = 0.0438 < 0.05
@@ -264,6 +270,18 @@ def test_at_step_and_a_dose_arm_with_a_shorter_horizon():
     assert pt["quality_minus_aligned"]["mean"] == pytest.approx(0.37 - 0.40)  # against minite at step 149
     assert pt["reward_gain_minus_aligned"]["mean"] == pytest.approx(0.0)  # both flat over 150 steps
     assert "_rewards" not in res["seeds"][0]
+    # one seed of the dose arm: judged against minite's prediction interval at step 149
+    one = [r for r in rows if not (r["run"] == "minite_noise_1" and r["seed"] > 0)]
+    for r in one:
+        if r["run"] == "minite":  # 0.38, 0.40, 0.42 at step 149: lo = 0.40 - 4.302653 * 0.02 * sqrt(4/3)
+            r["_evals"] = {149: 0.38 + 0.02 * r["seed"], 299: r["quality"]}
+    for value, expected in ((0.29, True), (0.31, False)):
+        next(r for r in one if r["run"] == "minite_noise_1")["_evals"] = {149: value}
+        pt = next(
+            p for p in C.evaluate(one, ROLES)["dose_response"]["points"] if p["arm"] == "minite_noise_1"
+        )
+        assert pt["degraded"] is expected, value
+        assert pt["aligned_prediction_interval"]["lo"] == pytest.approx(0.40 - 0.099370, abs=1e-5)
 
 
 def test_c1_not_reproduced_when_execution_changes_leave_no_gap():

@@ -595,7 +595,7 @@ def train(
     )
     try:
         for step in bar:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             trainer.seeds.set_step(step)
             exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)
             try:
@@ -639,6 +639,9 @@ def train(
                 "time/rollout_s": t_roll - t0,
                 "time/learner_s": t_learn - t_roll,
                 "time/step_s": time.perf_counter() - t0,
+                # this process's CPU time for the step: on a shared machine close to what the step takes
+                # alone on one core (single-threaded runs), which is what sizing an experiment needs
+                "time/step_cpu_s": time.process_time() - c0,
                 **{f"mismatch/{k}": v for k, v in gap.items()},
                 **{f"train/{k}": v for k, v in stats.items()},
             }
