@@ -75,6 +75,7 @@ def dose_lines(result: dict[str, Any]) -> list[str]:
             f"{p['eval_step']} {fmt_interval(p['quality'])}"
             + (f", − aligned {fmt_interval(d, '+.3f')}" if d else " (reference)")
             + (" **degraded**" if p.get("degraded") else "")
+            + (" (naive recipe, for reference: not a dose arm)" if d and not p.get("dose_arm") else "")
         )
     if thr:
         out.append(
@@ -93,8 +94,8 @@ def claims_markdown(
 ) -> str:
     """The Claims section; `figures` maps claims_curves / claims_final / claims_dose to relative paths."""
     figures = figures or {}
-    parts = [f"{heading} Claims\n"]
-    parts.append(RULES.format(level=result["level"], margin=result["margin"]) + "\n")
+    parts = [f"{heading} Claims\n\n"]
+    parts.append(RULES.format(level=result["level"], margin=result["margin"]) + "\n\n")
     parts.append("| claim | statement | verdict |\n|---|---|---|\n")
     for cid, c in result["claims"].items():
         parts.append(f"| {cid} | {c['statement']} | **{c['verdict']}** |\n")
