@@ -24,6 +24,10 @@ Per-seed numbers (`seed_metrics`), from an arm's RL folder and its lm-eval JSON:
   zero_gap      True when every step's gap is exactly 0 (bit-identical log-probs)
   nonfinite     steps skipped or stopped for non-finite values (events.jsonl, metrics.jsonl)
 
+Quality of two arms that ran different horizons (an arm with a shorter `run_overrides` horizon) is
+compared at the shorter one's last step by the in-loop greedy accuracy on the same held-out prompts
+(`at_step`): lm-eval scores only the final checkpoint, and a policy is compared with one of the same age.
+
 Intervals, at `level` (default 0.95), over seeds:
   one arm's mean:       Student t, mean ± t(n-1) · s / sqrt(n)          (`t_interval`)
   a difference A - B:   Welch's t, unequal variances, Welch-Satterthwaite degrees of freedom
@@ -354,19 +358,34 @@ def arm_summary(rows: list[dict[str, Any]], level: float) -> dict[str, Any]:
         vals = [r[key] for r in rows]
         out[key] = {**t_interval(vals, level).to_dict(), "values": [_clean(v) for v in vals]}
     out["quality_bootstrap"] = bootstrap_interval([r["quality"] for r in rows], level).to_dict()
+    out["_rows"] = rows  # for comparisons at a matched step; not in claims.json
     return out
 
 
-def _vals(arm: dict[str, Any], key: str = "quality") -> list[float]:
+def _vals(arm: dict[str, Any], key: str = "quality", horizon: int | None = None) -> list[float]:
+    """Per-seed values; quality at a given `horizon` is the in-loop greedy accuracy at that step."""
+    if key == "quality" and horizon is not None and "_rows" in arm:
+        w = arm["_rows"][0]["window"]
+        return [v for v in (at_step(r, horizon, w)["loop_eval"] for r in arm["_rows"]) if math.isfinite(v)]
     return [v for v in arm[key]["values"] if v is not None]
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], level: float, key: str = "quality") -> Interval:
+    """Welch interval of a - b. Quality of two arms that ran different horizons is compared at the
+    shorter one's last step, by the in-loop greedy accuracy (lm-eval scores only final checkpoints)."""
+    if key == "quality" and a["steps"] != b["steps"]:
+        h = min(a["steps"], b["steps"])
+        iv = welch_interval(_vals(a, key, h), _vals(b, key, h), level)
+        return Interval(iv.mean, iv.lo, iv.hi, iv.n, f"welch, in-loop eval at step {h - 1}", iv.sd, iv.df)
     return welch_interval(_vals(a, key), _vals(b, key), level)
 
 
-def _sd_of(arm: dict[str, Any], key: str = "quality") -> float:
-    return _sd(_vals(arm, key))
+def _sd_of(arm: dict[str, Any], key: str = "quality", horizon: int | None = None) -> float:
+    return _sd(_vals(arm, key, horizon))
+
+
+def _basis(iv: Interval) -> str:
+    return f" ({iv.method.split(', ', 1)[1]})" if ", " in iv.method else ""
 
 
 def fmt_interval(iv: Interval | dict[str, Any], spec: str = ".3f") -> str:
@@ -484,7 +503,7 @@ def claim_c2(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
         f"{fmt_interval(al['reward_last'])}, non-finite steps {al['nonfinite']}, seeds whose reward fell by "
         f"more than {margin}: {collapsed or 'none'}",
         f"{base}: quality {fmt_interval(bf['quality'])}",
-        f"{aligned} - {base} quality: {fmt_interval(d)} (non-inferiority margin -{margin})",
+        f"{aligned} - {base} quality: {fmt_interval(d)}{_basis(d)} (non-inferiority margin -{margin})",
     ]
     if not stable or (math.isfinite(d.hi) and d.hi < -margin):
         return _claim("C2", NOT_REPRODUCED, ev, numbers)
@@ -504,7 +523,7 @@ def claim_c3(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
     numbers: dict[str, Any] = {"difference_vs_aligned": d.to_dict(), "margin": margin}
     ev = [
         f"{naive}: quality {fmt_interval(te['quality'])}; {aligned}: {fmt_interval(al['quality'])}",
-        f"{naive} - {aligned}: {fmt_interval(d)}",
+        f"{naive} - {aligned}: {fmt_interval(d)}{_basis(d)}",
     ]
     if base in arms:
         db = _diff(te, arms[base], level)
@@ -548,8 +567,8 @@ def claim_c4(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
         }
         ev.append(
             f"{c} ({'+'.join(a['corrections']) or 'no key?'}): gap {fmt_interval(a['gap'], '.2e')}, "
-            f"quality {fmt_interval(a['quality'])}; - {aligned}: {fmt_interval(dc)}; "
-            f"- {naive}: {fmt_interval(dn)}"
+            f"{a['steps']} steps, final exact match {fmt_interval(a['quality'])}; - {aligned}: "
+            f"{fmt_interval(dc)}{_basis(dc)}; - {naive}: {fmt_interval(dn)}{_basis(dn)}"
         )
         if math.isfinite(dc.lo) and dc.lo > 0:
             better.append(c)
@@ -566,7 +585,8 @@ def claim_c4(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
     for c in wide:
         dc = _diff(arms[c], al, level)
         opts = [(margin - dc.mean, "alignment not beaten"), (dc.mean, "correction better")]
-        parts.append(f"{c}: {_settle(dc, _sd_of(arms[c]), _sd_of(al), level, opts)}")
+        h = min(arms[c]["steps"], al["steps"])
+        parts.append(f"{c}: {_settle(dc, _sd_of(arms[c], horizon=h), _sd_of(al, horizon=h), level, opts)}")
     settle = "; ".join(parts)
     if missing:
         settle = f"run {', '.join(missing)}; " + settle
@@ -749,6 +769,7 @@ def evaluate(
     for r in seeds:
         by_arm.setdefault(r["run"], []).append(r)
     arms = {n: arm_summary(rows, level) for n, rows in by_arm.items()}
+    public = {n: {k: v for k, v in a.items() if not k.startswith("_")} for n, a in arms.items()}
     main = [roles[k] for k in ("baseline", "naive", "aligned") if roles.get(k)]
     claims = {
         "C1": claim_c1(arms, roles),
@@ -761,7 +782,7 @@ def evaluate(
         "level": level,
         "margin": margin,
         "roles": roles,
-        "arms": arms,
+        "arms": public,
         "claims": claims,
         "dose_response": dose_response(arms, seeds, roles, level),
         "learning": learning(arms, main + list(roles.get("corrections", []))),

@@ -324,6 +324,22 @@ def test_c4_branches():
     assert corr["minus_naive"]["mean"] == pytest.approx((0.40 + 0.55 + 0.60) / 3 - 0.41)
 
 
+def test_arms_of_different_horizons_compare_at_the_shorter_one():
+    rows = arms(BASE)
+    for r in rows:
+        if r["run"] == "te_nvfp4_tis":  # 150 steps; in-loop 0.50-0.52 at step 149
+            r.update(steps=150, _rewards=r["_rewards"][:150], _evals={149: r["quality"] + 0.06})
+        if r["run"] == "minite":
+            r["_evals"] = {149: 0.50, 299: r["quality"]}
+    res = C.evaluate(rows, ROLES)
+    corr = res["claims"]["C4"]["numbers"]["corrections"]["te_nvfp4_tis"]
+    # (0.51, 0.50, 0.52) at step 149 against minite's 0.50 there
+    assert corr["minus_aligned"]["mean"] == pytest.approx(0.01)
+    assert corr["minus_aligned"]["method"] == "welch, in-loop eval at step 149"
+    assert "in-loop eval at step 149" in " ".join(res["claims"]["C4"]["evidence"])
+    assert "_rows" not in res["arms"]["minite"]
+
+
 def test_one_seed_is_inconclusive_not_a_verdict():
     one = {k: v[:1] for k, v in BASE.items()}
     v, res = verdicts(arms(one))
