@@ -306,17 +306,26 @@ def seed_metrics(
     }
 
 
-def at_step(row: dict[str, Any], steps: int, window: int) -> dict[str, float]:
+def at_step(row: dict[str, Any], steps: int, window: int, eval_before: int | None = None) -> dict[str, float]:
     """A seed's numbers over its first `steps` steps: reward first/last window and gain, and the
-    in-loop greedy accuracy at the last eval at or before step `steps` - 1."""
+    in-loop greedy accuracy at the last eval before step `eval_before` (default `steps`)."""
     rewards = row["_rewards"][:steps]
     first, last = _mean(rewards[:window]), _mean(rewards[-window:])
-    evals = [(s, a) for s, a in row["_evals"].items() if s < steps]
+    bound = steps if eval_before is None else eval_before
+    evals = [(s, a) for s, a in row["_evals"].items() if s < bound]
     return {
         "reward_gain": last - first,
         "loop_eval": max(evals)[1] if evals else math.nan,
         "eval_step": max(evals)[0] if evals else None,
     }
+
+
+def common_eval_bound(rows: Sequence[dict[str, Any]], horizon: int) -> int:
+    """1 + the last in-loop eval step below `horizon` that every row has (so two arms are read at the
+    same step); `horizon` when they share none."""
+    sets = [{s for s in r["_evals"] if s < horizon} for r in rows]
+    common = set.intersection(*sets) if sets else set()
+    return max(common) + 1 if common else horizon
 
 
 def load_seeds(
@@ -362,11 +371,14 @@ def arm_summary(rows: list[dict[str, Any]], level: float) -> dict[str, Any]:
     return out
 
 
-def _vals(arm: dict[str, Any], key: str = "quality", horizon: int | None = None) -> list[float]:
+def _vals(
+    arm: dict[str, Any], key: str = "quality", horizon: int | None = None, eval_before: int | None = None
+) -> list[float]:
     """Per-seed values; quality at a given `horizon` is the in-loop greedy accuracy at that step."""
     if key == "quality" and horizon is not None and "_rows" in arm:
         w = arm["_rows"][0]["window"]
-        return [v for v in (at_step(r, horizon, w)["loop_eval"] for r in arm["_rows"]) if math.isfinite(v)]
+        vals = (at_step(r, horizon, w, eval_before)["loop_eval"] for r in arm["_rows"])
+        return [v for v in vals if math.isfinite(v)]
     return [v for v in arm[key]["values"] if v is not None]
 
 
@@ -375,13 +387,15 @@ def _diff(a: dict[str, Any], b: dict[str, Any], level: float, key: str = "qualit
     shorter one's last step, by the in-loop greedy accuracy (lm-eval scores only final checkpoints)."""
     if key == "quality" and a["steps"] != b["steps"]:
         h = min(a["steps"], b["steps"])
-        iv = welch_interval(_vals(a, key, h), _vals(b, key, h), level)
-        return Interval(iv.mean, iv.lo, iv.hi, iv.n, f"welch, in-loop eval at step {h - 1}", iv.sd, iv.df)
+        e = common_eval_bound(a.get("_rows", []) + b.get("_rows", []), h)
+        iv = welch_interval(_vals(a, key, h, e), _vals(b, key, h, e), level)
+        return Interval(iv.mean, iv.lo, iv.hi, iv.n, f"welch, in-loop eval at step {e - 1}", iv.sd, iv.df)
     return welch_interval(_vals(a, key), _vals(b, key), level)
 
 
 def _sd_of(arm: dict[str, Any], key: str = "quality", horizon: int | None = None) -> float:
-    return _sd(_vals(arm, key, horizon))
+    e = common_eval_bound(arm.get("_rows", []), horizon) if horizon is not None else None
+    return _sd(_vals(arm, key, horizon, e))
 
 
 def _basis(iv: Interval) -> str:
@@ -690,8 +704,9 @@ def dose_response(
     for n in names:
         a = arms[n]
         horizon, window = a["steps"], rows[n][0]["window"]
-        mine = [at_step(r, horizon, window) for r in rows[n]]
-        ref = [at_step(r, horizon, window) for r in rows[aligned]]
+        e = common_eval_bound(rows[n] + rows[aligned], horizon)
+        mine = [at_step(r, horizon, window, e) for r in rows[n]]
+        ref = [at_step(r, horizon, window, e) for r in rows[aligned]]
         q = t_interval([m["loop_eval"] for m in mine], level)
         g = t_interval([m["reward_gain"] for m in mine], level)
         dq = welch_interval([m["loop_eval"] for m in mine], [m["loop_eval"] for m in ref], level)

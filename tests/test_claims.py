@@ -256,6 +256,11 @@ def test_at_step_and_a_dose_arm_with_a_shorter_horizon():
     assert C.at_step(row, 150, 30) == {"reward_gain": 0.0, "loop_eval": 0.40, "eval_step": 149}
     assert C.at_step(row, 300, 30)["reward_gain"] == pytest.approx(0.15)
     assert C.at_step(row, 100, 30)["eval_step"] == 24
+    assert C.at_step(row, 300, 30, eval_before=150)["loop_eval"] == 0.40
+    other = seed_row("x", 0, 0.5, 0.0)
+    other["_evals"] = {24: 0.1, 99: 0.2, 149: 0.3}
+    assert C.common_eval_bound([row, other], 150) == 150  # both have 149
+    assert C.common_eval_bound([row, other], 149) == 25  # below 149 they share only 24
     rows = arms(
         {"minite": BASE["minite"], "te_nvfp4": BASE["te_nvfp4"], "minite_noise_1": [0.36, 0.37, 0.38]}
     )
