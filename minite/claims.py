@@ -57,6 +57,8 @@ that counts; CI is the interval above.
       correction meaningfully better than alignment). Reproduced: all three. Not reproduced: the gap
       part fails, or some correction has CI lower bound > 0 (better than alignment). Else
       inconclusive; the corrections' effect over the naive arm is reported beside it.
+  C2, C3 and C4 give "reproduced" or "not reproduced" only when every arm they compare ran at least
+  `min_seeds` seeds (default 3; fewer: inconclusive, "run >= 3 seeds").
   C5  from the committed GPU benchmarks (results/bench/learner_h200*.json): the latest run's median
       (and fastest-update) learner tokens/s ratios minite/bf16 and minite/te_nvfp4. The claim is about
       a B300 (FP4 tensor cores); on a GPU without FP4 MMA it cannot be settled: inconclusive, with what
@@ -252,7 +254,8 @@ def same_weights_and_formats(recipe: dict[str, Any]) -> bool:
 
 
 def default_window(steps: int) -> int:
-    return max(5, steps // 10)
+    """max(5, steps // 10), and at most half the steps (so the two windows never overlap)."""
+    return max(1, min(max(5, steps // 10), steps // 2))
 
 
 def seed_metrics(
@@ -421,6 +424,7 @@ def _settle(iv: Interval, sd_a: float, sd_b: float, level: float, options: list[
     best: tuple[int, str] | None = None
     for room, outcome in options:
         n = seeds_needed(sd_a, sd_b, room, level)
+        n = max(n, iv.n + 1) if n is not None else None  # Welch's df is below 2n - 2: never fewer
         if n is not None and (best is None or n < best[0]):
             best = (n, outcome)
     if best is None:
@@ -494,6 +498,22 @@ def claim_c1(arms: dict[str, dict], roles: dict[str, Any]) -> dict[str, Any]:
     if al["zero_gap"] and any(a["gap_positive"] for a in same.values()):
         return _claim("C1", REPRODUCED, ev, numbers)
     return _claim("C1", NOT_REPRODUCED, ev, numbers)
+
+
+def _few_seeds(
+    claim: dict[str, Any], compared: list[dict[str, Any]], names: list[str], min_seeds: int
+) -> dict:
+    """Turn a verdict into inconclusive when an arm it compares ran fewer than `min_seeds` seeds."""
+    short = [f"{n} ({a['n']})" for n, a in zip(names, compared, strict=True) if a["n"] < min_seeds]
+    if not short or claim["verdict"] == INCONCLUSIVE:
+        return claim
+    claim["evidence"].append(
+        f"would be '{claim['verdict']}' by the intervals, but arms ran fewer than {min_seeds} seeds: "
+        + ", ".join(short)
+    )
+    claim["verdict"] = INCONCLUSIVE
+    claim["to_settle"] = f"run >= {min_seeds} seeds of {', '.join(s.split(' ')[0] for s in short)}"
+    return claim
 
 
 def claim_c2(arms: dict[str, dict], roles: dict[str, Any], level: float, margin: float) -> dict[str, Any]:
@@ -778,6 +798,7 @@ def evaluate(
     level: float = 0.95,
     margin: float = 0.05,
     bench: str | Path | None = None,
+    min_seeds: int = 3,
 ) -> dict[str, Any]:
     """Everything `claims.json` holds: the arms, C1-C5, the dose-response and the learning lines."""
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -786,16 +807,23 @@ def evaluate(
     arms = {n: arm_summary(rows, level) for n, rows in by_arm.items()}
     public = {n: {k: v for k, v in a.items() if not k.startswith("_")} for n, a in arms.items()}
     main = [roles[k] for k in ("baseline", "naive", "aligned") if roles.get(k)]
+
+    def guard(claim: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        names = [n for n in names if n in arms]
+        return _few_seeds(claim, [arms[n] for n in names], names, min_seeds)
+
+    corr = list(roles.get("corrections", []))
     claims = {
         "C1": claim_c1(arms, roles),
-        "C2": claim_c2(arms, roles, level, margin),
-        "C3": claim_c3(arms, roles, level, margin),
-        "C4": claim_c4(arms, roles, level, margin),
+        "C2": guard(claim_c2(arms, roles, level, margin), [roles["aligned"], roles["baseline"]]),
+        "C3": guard(claim_c3(arms, roles, level, margin), [roles["naive"], roles["aligned"]]),
+        "C4": guard(claim_c4(arms, roles, level, margin), [roles["naive"], roles["aligned"], *corr]),
         "C5": claim_c5(bench),
     }
     return {
         "level": level,
         "margin": margin,
+        "min_seeds": min_seeds,
         "roles": roles,
         "arms": public,
         "claims": claims,

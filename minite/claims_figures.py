@@ -79,7 +79,8 @@ def _draw_bands(ax, table: dict[str, list], arms: list[str], colors: dict[str, s
         m = [r[1] for r in rows]
         ax.plot(x, m, color=colors[arm], lw=1.7, label=f"{label(arm)} (n={rows[0][4]})")
         lo, hi = [r[2] for r in rows], [r[3] for r in rows]
-        if all(math.isfinite(v) for v in lo + hi):
+        if all(math.isfinite(v) for v in lo + hi):  # rewards and accuracies live in [0, 1]
+            lo, hi = [max(0.0, v) for v in lo], [min(1.0, v) for v in hi]
             ax.fill_between(x, lo, hi, color=colors[arm], alpha=0.18, lw=0)
 
 
@@ -110,7 +111,9 @@ def fig_curves(
     axes[1].set(xlabel="RL step", ylabel="greedy accuracy, held-out prompts", title="In-loop eval accuracy")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), bbox_to_anchor=(0.5, -0.14))
-    fig.suptitle(f"{title}: mean over seeds, band: {level:.0%} t interval", y=1.02)
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+    fig.suptitle(f"{title}: mean over seeds, band: {level:.0%} t interval (clipped to [0, 1])", y=1.02)
     fig.tight_layout()
     return _save(fig, out, "claims_curves", formats, dpi)
 
@@ -196,9 +199,8 @@ def fig_dose(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int,
                 mec="0.15" if p.get("degraded") else colors[p["arm"]],
                 mew=1.5 if p.get("degraded") else 0.5,
             )
-            ax.annotate(
-                label(p["arm"]), (x, y["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=7
-            )
+            short = label(p["arm"]).replace("minite_", "+")  # dose arms are minite + one change
+            ax.annotate(short, (x, y["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_xscale("log")
         ax.axvline(floor, color="0.6", ls=":", lw=0.8)
         ax.text(floor, 0.02, " gap = 0", transform=ax.get_xaxis_transform(), fontsize=8, color="0.35")

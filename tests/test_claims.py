@@ -345,6 +345,23 @@ def test_arms_of_different_horizons_compare_at_the_shorter_one():
     assert "_rows" not in res["arms"]["minite"]
 
 
+def test_fewer_than_min_seeds_is_inconclusive():
+    two = {k: v[:2] for k, v in BASE.items()}
+    two.update(bf16=[0.500, 0.501], minite=[0.500, 0.5005])  # narrow enough for a verdict at 2 seeds
+    v, res = verdicts(arms(two))
+    assert v["C2"] == v["C3"] == v["C4"] == "inconclusive"
+    c2 = res["claims"]["C2"]
+    assert (
+        "would be 'reproduced'" in c2["evidence"][-1] and c2["to_settle"] == "run >= 3 seeds of minite, bf16"
+    )
+    v, _ = verdicts(arms(two), min_seeds=2)
+    assert v["C2"] == "reproduced"
+
+
+def test_default_window():
+    assert [C.default_window(n) for n in (1, 4, 8, 20, 300)] == [1, 2, 4, 5, 30]
+
+
 def test_one_seed_is_inconclusive_not_a_verdict():
     one = {k: v[:1] for k, v in BASE.items()}
     v, res = verdicts(arms(one))

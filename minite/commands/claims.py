@@ -68,7 +68,9 @@ def main(argv: list[str]) -> int:
 
         level, margin = float(sec.get("level", 0.95)), float(sec.get("margin", 0.05))
         seeds = load_seeds(args.rl, args.evals, args.task, sec.get("window"))
-        result = evaluate(seeds, roles, level=level, margin=margin, bench=args.bench)
+        result = evaluate(
+            seeds, roles, level=level, margin=margin, bench=args.bench, min_seeds=int(sec.get("min_seeds", 3))
+        )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         _style()
