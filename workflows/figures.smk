@@ -21,6 +21,12 @@ if CLAIMS_ON:
             f"claims section (runs of profile {PROFILE!r}: {', '.join(RUNS)})"
         )
 _claims_out = {"json": f"{CLAIMS_DIR}/claims.json", "md": f"{CLAIMS_DIR}/claims.md"}
+# the command the record quotes: the profile's, plus the top-level keys that --config/--configfile changed
+_pristine = P.load_profile(PROFILE)
+_overridden = sorted(k for k, v in config.items() if k != "profile" and v != _pristine.get(k))
+CLAIMS_COMMAND = f"snakemake --cores 2 --config profile={PROFILE}" + (
+    f" (with overrides of {', '.join(_overridden)})" if _overridden else ""
+)
 if CLAIMS.get("record"):
     _claims_out.update(record_md=f"{CLAIMS['record']}.md", record_json=f"{CLAIMS['record']}.json")
 FIG_DPI = (config.get("figures") or {}).get("dpi", 150)
@@ -81,6 +87,7 @@ rule claims:
         # the committed GPU benchmarks live in the repository, whatever the working directory
         bench=str(Path(workflow.basedir) / CLAIMS.get("bench", "results/bench")),
         record=f"--record {CLAIMS['record']}" if CLAIMS.get("record") else "",
+        command=CLAIMS_COMMAND,
         formats=",".join(FIG_FORMATS),
         dpi=FIG_DPI,
         out=CLAIMS_DIR,
@@ -90,7 +97,7 @@ rule claims:
         f"{BENCH}/claims/claims.tsv"
     shell:
         "{MINITE} claims --rl {params.rl} --evals {input.evals} --claims {params.claims:q} --task {params.task}"
-        " --bench {params.bench} --out {params.out} --profile {PROFILE} {params.record}"
+        " --bench {params.bench} --out {params.out} --profile {PROFILE} {params.record} --command {params.command:q}"
         " --formats {params.formats} --dpi {params.dpi} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
 
 
