@@ -171,6 +171,18 @@ def store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+def _retry_any(fn, *args, attempts: int = 6, **kwargs):
+    """`fn` retried on any error with backoff (1, 2, 4, ... s): for a resend to a busy server."""
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(2.0**i)
+    raise AssertionError("unreachable")
+
+
 def _retry(fn, *args, attempts: int = 10, **kwargs):
     delay = 0.05
     for i in range(attempts):
@@ -322,6 +334,9 @@ class JobRun:
         self.client, self.uri, self.experiment = client, uri, experiment
         self.experiment_id, self.run_id, self.key = experiment_id, run_id, key
         self.server = is_server(uri)
+        # one send in flight per process: MLflow's queue merges what waits into one batch, and N
+        # parallel jobs x MLflow's default 10 sender threads exhaust a server's database pool
+        os.environ.setdefault("MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE", "1")
         self.logged: dict[str, set[int]] = {}  # (key, step) pairs the run holds (resume: fetched)
         self.n_metrics = 0
         self._pending: list = []  # async logging futures (RunOperations)
@@ -377,10 +392,28 @@ class JobRun:
         for i in range(0, len(fresh), MAX_METRICS_PER_BATCH):
             chunk = fresh[i : i + MAX_METRICS_PER_BATCH]
             if self.server:
-                self._pending.append(self.client.log_batch(self.run_id, metrics=chunk, synchronous=False))
+                op = self.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
+                self._pending.append((op, chunk))
             else:
                 self._write(self.client.log_batch, self.run_id, metrics=chunk)
+        self._reap(block=False)
         return len(fresh)
+
+    def _reap(self, block: bool) -> None:
+        """Collect finished async sends (all of them with `block`); a send that failed (the server
+        busy: e.g. its database pool timed out under many writers) is sent again synchronously, with
+        backoff. Resending is idempotent: the same Metric objects (same timestamps), and the store
+        skips a metric it already holds exactly."""
+        keep = []
+        for op, chunk in self._pending:
+            if not block and not all(f.done() for f in op._operation_futures):
+                keep.append((op, chunk))
+                continue
+            try:
+                op.wait()
+            except Exception:  # noqa: BLE001 - resent below; a second failure raises
+                _retry_any(self.client.log_batch, self.run_id, metrics=chunk, synchronous=True)
+        self._pending = keep
 
     def log_metrics(self, metrics: dict[str, Any], step: int = 0) -> None:
         self.log_series([(k, float(v), step) for k, v in metrics.items() if _is_number(v)])
@@ -418,10 +451,9 @@ class JobRun:
         self._monitor.start()
 
     def flush(self) -> None:
-        """Wait until MLflow's async queue has sent everything; raises what a send raised."""
-        pending, self._pending = self._pending, []
-        for op in pending:
-            op.wait()
+        """Wait until everything handed to MLflow's async queue is in the store (resending what
+        failed); raises if a resend fails too."""
+        self._reap(block=True)
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         if self._monitor is not None:

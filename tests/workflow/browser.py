@@ -10,6 +10,7 @@ driver binary is needed. The flags are the ones a container without a display, G
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -125,7 +126,8 @@ class Browser:
             if not missing:
                 return text
             if time.monotonic() > deadline:
-                raise TimeoutError(f"not on the page after {timeout:.0f} s: {missing}\n--- page ---\n{text[:3000]}")
+                page = text[:3000]
+                raise TimeoutError(f"not on the page after {timeout:.0f} s: {missing}\n--- page ---\n{page}")
             time.sleep(0.5)
 
     def screenshot(self, path: Path) -> Path:
@@ -142,8 +144,6 @@ class Browser:
             self.proc.wait(timeout=20)
         finally:
             for fd in (self._cmd_w, self._ev_r):
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             self.log.close()
