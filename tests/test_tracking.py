@@ -17,16 +17,23 @@ import pytest
 from tests.mlflow_server import tags_of, wait_until
 
 
+@pytest.fixture
+def server(mlflow_server, monkeypatch):
+    """The shared server, as the URI every minite.tracking call here logs to."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    return mlflow_server
+
+
 def _one_run(rest, experiment: str) -> dict:
     (run,) = rest.runs(experiment)
     return run
 
 
-def test_run_is_live_then_finished_with_params_source_datasets(mlflow_server, tiny_inputs, request):
+def test_run_is_live_then_finished_with_params_source_datasets(server, tiny_inputs, request):
     from minite.tracking import job_run
 
     exp = request.node.name
-    rest = mlflow_server.rest
+    rest = server.rest
     data = tiny_inputs["data_dir"]
     with job_run(
         experiment=exp,
@@ -64,7 +71,7 @@ def test_run_is_live_then_finished_with_params_source_datasets(mlflow_server, ti
     assert {t["key"]: t["value"] for t in got["tags"]}["mlflow.experimentKind"] == "custom_model_development"
 
 
-def test_failure_ends_failed_with_the_error_and_keeps_the_last_good_run(mlflow_server, request):
+def test_failure_ends_failed_with_the_error_and_keeps_the_last_good_run(server, request):
     from minite.tracking import job_run, log_run
 
     exp = request.node.name
@@ -74,17 +81,17 @@ def test_failure_ends_failed_with_the_error_and_keeps_the_last_good_run(mlflow_s
         job_run(experiment=exp, stage="eval", run="bf16", verb="minite eval", seed=0),
     ):
         raise ValueError("bad value 42")
-    runs = {r["info"]["run_id"]: r for r in mlflow_server.rest.runs(exp)}
+    runs = {r["info"]["run_id"]: r for r in server.rest.runs(exp)}
     assert len(runs) == 2 and runs[good["run_id"]]["info"]["status"] == "FINISHED"  # not destroyed
     (failed,) = [r for rid, r in runs.items() if rid != good["run_id"]]
     assert failed["info"]["status"] == "FAILED"
     assert tags_of(failed)["minite.error"].startswith("ValueError: bad value 42")
     # the next success of the key replaces both
     again = log_run(experiment=exp, stage="eval", run="bf16", seed=0, metrics={"acc": 0.6})
-    assert [r["info"]["run_id"] for r in mlflow_server.rest.runs(exp)] == [again["run_id"]]
+    assert [r["info"]["run_id"] for r in server.rest.runs(exp)] == [again["run_id"]]
 
 
-def test_resume_continues_the_same_run_without_doubling_a_step(mlflow_server, request):
+def test_resume_continues_the_same_run_without_doubling_a_step(server, request):
     from minite.tracking import job_run, open_run
 
     exp = request.node.name
@@ -97,14 +104,14 @@ def test_resume_continues_the_same_run_without_doubling_a_step(mlflow_server, re
         assert run.run_id == first.run_id
         for step in range(2, 6):
             run.log_step({"step": step, "loss": float(step) + 0.5})
-    (done,) = mlflow_server.rest.runs(exp)
+    (done,) = server.rest.runs(exp)
     assert done["info"]["run_id"] == first.run_id and done["info"]["status"] == "FINISHED"
     assert tags_of(done)["minite.resumes"] == "1"
-    hist = mlflow_server.rest.history(first.run_id, "loss")
+    hist = server.rest.history(first.run_id, "loss")
     assert hist == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5), (5, 5.5)]  # first values kept
 
 
-def test_sigterm_ends_the_run_killed(mlflow_server, request, tmp_path):
+def test_sigterm_ends_the_run_killed(server, request, tmp_path):
     exp = request.node.name
     script = tmp_path / "job.py"
     script.write_text(
@@ -119,9 +126,7 @@ def test_sigterm_ends_the_run_killed(mlflow_server, request, tmp_path):
             """
         )
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(script), mlflow_server.uri], stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([sys.executable, str(script), server.uri], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "open"
         proc.send_signal(signal.SIGTERM)
@@ -130,11 +135,11 @@ def test_sigterm_ends_the_run_killed(mlflow_server, request, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    run = _one_run(mlflow_server.rest, exp)
+    run = _one_run(server.rest, exp)
     assert run["info"]["status"] == "KILLED" and tags_of(run)["minite.error"].startswith("SystemExit")
 
 
-def test_system_metrics_are_logged_while_the_job_runs(mlflow_server, request, monkeypatch):
+def test_system_metrics_are_logged_while_the_job_runs(server, request, monkeypatch):
     from minite.tracking import job_run
 
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
@@ -147,11 +152,11 @@ def test_system_metrics_are_logged_while_the_job_runs(mlflow_server, request, mo
         system_metrics=True,
     ) as run:
         wait_until(
-            lambda: mlflow_server.rest.history(run.run_id, "system/cpu_utilization_percentage"),
+            lambda: server.rest.history(run.run_id, "system/cpu_utilization_percentage"),
             60,
             "a system metric",
         )
-    keys = {m["key"] for m in _one_run(mlflow_server.rest, exp)["data"]["metrics"]}
+    keys = {m["key"] for m in _one_run(server.rest, exp)["data"]["metrics"]}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= keys
 
 

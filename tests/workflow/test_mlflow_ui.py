@@ -1,6 +1,6 @@
 """The MLflow UI, in a real browser (Debian's headless Chromium over the DevTools protocol,
 tests/workflow/browser.py), opens an experiment logged by minite on its run table, where the recipes'
-runs are listed with their source (the `minite` verb).
+runs are listed with their source (the `minite` verb) and dataset.
 
 The link is the one the workflow prints and writes to results/<profile>/mlflow/server.json
 (minite.tracking.ui_url). MLflow 3.17's UI chooses the landing tab from a GenAI / model-training
@@ -25,6 +25,11 @@ def test_ui_opens_on_the_recipes_runs(mlflow_server, tmp_path, request):
     if find_chromium() is None:
         pytest.skip("no chromium on PATH: `bash scripts/setup_system.sh` installs Debian's chromium")
     exp = f"ui_{request.node.name[-12:]}"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text(
+        "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(8))
+    )
     refs = [
         log_run(
             experiment=exp,
@@ -35,6 +40,7 @@ def test_ui_opens_on_the_recipes_runs(mlflow_server, tmp_path, request):
             recipe=r,
             config={"recipe": r, "steps": 3},
             series=[("reward_mean", 0.1 * s, s) for s in range(3)],
+            datasets=[(data / "train.jsonl", "training")],
             uri=mlflow_server.uri,
         )
         for r in RECIPES
@@ -44,7 +50,7 @@ def test_ui_opens_on_the_recipes_runs(mlflow_server, tmp_path, request):
     try:
         browser.goto(url)
         names = [f"rl/{r}/seed0" for r in RECIPES]
-        text = browser.wait_for_text(names + ["minite train"], timeout=240)
+        text = browser.wait_for_text(names + ["minite train", "data/train"], timeout=240)
         landed = browser.url()
         shot = browser.screenshot(tmp_path / "mlflow_ui_runs.png")
     finally:
