@@ -53,7 +53,7 @@ def _snakemake_popen(*args: str, workdir: Path, log: Path) -> subprocess.Popen:
 
 def _watch_live(proc: subprocess.Popen, res_dir: Path, timeout: float) -> list[dict]:
     """Poll the workflow's server while Snakemake runs: samples of the live RL run (status, the steps
-    MLflow holds, the rows the job had written to metrics.jsonl just before)."""
+    MLflow holds, the rows of the job's metrics.jsonl just before and just after asking)."""
     info, samples = res_dir / "mlflow" / "server.json", []
     rows_file = res_dir / "rl" / LIVE_RUN / "seed0" / "metrics.jsonl"
     deadline = time.monotonic() + timeout
@@ -64,12 +64,18 @@ def _watch_live(proc: subprocess.Popen, res_dir: Path, timeout: float) -> list[d
             if not info.is_file():
                 continue
             rest = Rest(json.loads(info.read_text())["uri"])
+
+        def rows() -> int:
+            return len(rows_file.read_text().splitlines()) if rows_file.is_file() else 0
+
         try:
-            rows = len(rows_file.read_text().splitlines()) if rows_file.is_file() else 0
+            before = rows()
             runs = [r for r in rest.runs(PROFILE) if tags_of(r).get("minite.key") == f"rl/{LIVE_RUN}/seed0"]
             for r in runs:
                 steps = [s for s, _ in rest.history(r["info"]["run_id"], "reward_mean")]
-                samples.append({"status": r["info"]["status"], "steps": steps, "rows": rows})
+                samples.append(
+                    {"status": r["info"]["status"], "steps": steps, "before": before, "after": rows()}
+                )
         except OSError:  # the server going down at the end
             continue
     return samples
@@ -129,9 +135,9 @@ def test_workflow_end_to_end(tmp_path):
     live = [x for x in samples if x["status"] == "RUNNING" and x["steps"]]
     assert live, samples[-20:]
     for x in live:  # streamed in order, each step once, never ahead of the job
-        assert x["steps"] == list(range(len(x["steps"]))) and len(x["steps"]) <= x["rows"], x
+        assert x["steps"] == list(range(len(x["steps"]))) and len(x["steps"]) <= x["after"], x
     # caught mid-run, with MLflow at most one step behind the rows the job had written
-    assert any(0 < len(x["steps"]) < LIVE_STEPS and len(x["steps"]) >= x["rows"] - 1 for x in live), live
+    assert any(0 < len(x["steps"]) < LIVE_STEPS and len(x["steps"]) >= x["before"] - 1 for x in live), live
     server = json.loads((res_dir / "mlflow" / "server.json").read_text())
     assert server["uri"].startswith("http://127.0.0.1:") and server["ui"].endswith(
         "?workflowType=machine_learning"
