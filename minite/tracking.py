@@ -427,7 +427,10 @@ class JobRun:
         """Dataset inputs: (JSONL file, context), e.g. (train.jsonl, "training")."""
         inputs = [_dataset_input(Path(p), ctx) for p, ctx in files if Path(p).is_file()]
         if inputs:
-            self._write(self.client.log_inputs, self.run_id, datasets=inputs)
+            # two jobs logging the same dataset at once race on the server's unique (experiment,
+            # name, digest) row; the retry finds the row the other made and links it
+            with store_lock(self.uri):
+                _retry_any(self.client.log_inputs, self.run_id, datasets=inputs)
 
     def log_artifacts(self, artifacts: Iterable[str | Path | tuple[str | Path, str | None]]) -> None:
         for a in artifacts:
@@ -548,6 +551,8 @@ def open_run(
             _retry(client.update_run, run_id, status="RUNNING")
             n = int(previous.data.tags.get("minite.resumes", "0")) + 1
             _retry(client.set_tag, run_id, "minite.resumes", str(n))
+            if ERROR_TAG in previous.data.tags:  # the error of the attempt this one resumes
+                _retry(client.delete_tag, run_id, ERROR_TAG)
         else:
             # superseded attempts (killed, failed) go now; a FINISHED one stays until this run finishes
             for r in old:
@@ -557,7 +562,7 @@ def open_run(
             run_id = created.info.run_id
     job = JobRun(client, uri, experiment, exp_id, run_id, key)
     if previous is not None:
-        job.set_tags({k: v for k, v in all_tags.items() if k != ERROR_TAG})
+        job.set_tags(all_tags)
         job.fetch_logged()
     job.log_params(all_params)
     job.log_datasets(datasets)
