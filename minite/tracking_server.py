@@ -14,7 +14,7 @@ parent, Snakemake, is gone however it ended (SIGKILL included): no server outliv
 the server answers /health the supervisor creates the experiment (with its model-training kind and
 its artifact folder) and writes results/<profile>/mlflow/server.json (URI, store, UI link, pids) and
 prints the UI link. Jobs wait for /health themselves (minite.tracking.wait_for_server): the server's
-start-up (store migrations, the app import; ~10 s idle, ~50 s on a loaded 2-core machine) overlaps
+start-up (store migrations, the app import; ~50 s on a loaded 2-core machine) overlaps
 the prepare stage instead of delaying it.
 """
 

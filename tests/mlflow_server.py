@@ -1,8 +1,8 @@
 """A real `mlflow server` for tests, started the way the workflow starts it (minite.tracking_server:
 the supervisor, 127.0.0.1, a free port, a sqlite store), and a small REST client over it.
 
-`mlflow_server` is session-scoped (tests/conftest.py imports it): a server takes ~10 s to start on an
-idle machine and ~50 s on a loaded one, so the test modules share one; each test uses experiments of
+`mlflow_server` is session-scoped (tests/conftest.py imports it): a server took ~50 s to start on a
+loaded 2-core machine, so the test modules share one; each test uses experiments of
 its own names."""
 
 from __future__ import annotations
