@@ -27,6 +27,7 @@ throughput_learner or throughput_rollout, run = the recipe).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -125,57 +126,77 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
     from minite.bench import learner as L
     from minite.bench import rollout as R
+    from minite.tracking import job_run
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    recipes = [L.parse_recipe(r) for r in args.recipes]
-    kw: dict[str, Any] = dict(
-        shape=args.shape,
-        layers=args.layers,
-        model_dir=args.model_dir,
-        bytes_per_param=args.bytes_per_param,
-        activation_reserve_gib=args.activation_reserve_gib,
-        seed=args.seed,
-        log=lambda m: print(m, flush=True),
-        command=command,
-    )
-    if args.verb == "learner":
-        cfg = L.LearnerConfig(
-            batch=args.batch,
-            prompt_len=args.prompt_len,
-            completion_len=args.completion_len,
-            micro_batch=args.micro_batch,
-            warmup=args.warmup,
-            iters=args.iters,
-            breakdown=not args.no_breakdown,
-            max_seconds=args.max_seconds,
-            compute_dtype=args.compute_dtype,
+    job_cm = contextlib.nullcontext()
+    if args.mlflow_experiment:  # the job's run: RUNNING while it measures, with system metrics
+        job_cm = job_run(
+            experiment=args.mlflow_experiment,
+            stage=f"throughput_{args.verb}",
+            run="all",
+            verb=f"minite bench {args.verb}",
+            recipe="all",
+            config={"bench": {k: v for k, v in vars(args).items() if k != "func"}},
+            system_metrics=True,
         )
-        md = L.markdown
-        report = L.run(recipes, cfg, progress=lambda rep: _write(rep, args.out, md(rep), quiet=True), **kw)
-    else:
-        cfg = R.RolloutConfig(
-            batch_sizes=tuple(args.batch_sizes),
-            prompt_len=args.prompt_len,
-            max_new_tokens=args.max_new_tokens,
-            warmup=args.warmup,
-            iters=args.iters,
-            cuda_graphs=not args.no_cuda_graphs,
-            eager_steps=args.eager_steps,
-            max_seconds=args.max_seconds,
+    with job_cm as job:
+        recipes = [L.parse_recipe(r) for r in args.recipes]
+        kw: dict[str, Any] = dict(
+            shape=args.shape,
+            layers=args.layers,
+            model_dir=args.model_dir,
+            bytes_per_param=args.bytes_per_param,
+            activation_reserve_gib=args.activation_reserve_gib,
+            seed=args.seed,
+            log=lambda m: print(m, flush=True),
+            command=command,
         )
-        md = R.markdown
-        report = R.run(
-            recipes,
-            cfg,
-            engine=args.engine,
-            progress=lambda rep: _write(rep, args.out, md(rep), quiet=True),
-            **kw,
-        )
-    _write(report, args.out, md(report))
-    _decode_figure(report, args.out)
-    if args.mlflow_experiment:
-        report["mlflow"] = log_mlflow(report, args.out, args.mlflow_experiment)
+        if args.verb == "learner":
+            cfg = L.LearnerConfig(
+                batch=args.batch,
+                prompt_len=args.prompt_len,
+                completion_len=args.completion_len,
+                micro_batch=args.micro_batch,
+                warmup=args.warmup,
+                iters=args.iters,
+                breakdown=not args.no_breakdown,
+                max_seconds=args.max_seconds,
+                compute_dtype=args.compute_dtype,
+            )
+            md = L.markdown
+            report = L.run(
+                recipes, cfg, progress=lambda rep: _write(rep, args.out, md(rep), quiet=True), **kw
+            )
+        else:
+            cfg = R.RolloutConfig(
+                batch_sizes=tuple(args.batch_sizes),
+                prompt_len=args.prompt_len,
+                max_new_tokens=args.max_new_tokens,
+                warmup=args.warmup,
+                iters=args.iters,
+                cuda_graphs=not args.no_cuda_graphs,
+                eager_steps=args.eager_steps,
+                max_seconds=args.max_seconds,
+            )
+            md = R.markdown
+            report = R.run(
+                recipes,
+                cfg,
+                engine=args.engine,
+                progress=lambda rep: _write(rep, args.out, md(rep), quiet=True),
+                **kw,
+            )
+        _write(report, args.out, md(report))
+        _decode_figure(report, args.out)
+        if job is not None:
+            path = Path(args.out)
+            job.log_artifacts(
+                [p for p in (path, path.with_suffix(".md"), path.with_suffix(".png")) if p.exists()]
+            )
+    if job is not None:
+        report["mlflow"] = log_mlflow(report, args.out, args.mlflow_experiment, job.run_id)
         _write(report, args.out, md(report), quiet=True)
     print(md(report))
     return 0
@@ -225,8 +246,9 @@ def metrics_of(report: dict[str, Any], name: str) -> dict[str, float]:
     return out
 
 
-def log_mlflow(report: dict[str, Any], out: str, experiment: str) -> dict[str, Any]:
-    """One MLflow run per recipe (stage throughput_<kind>, run = the recipe), the report as artifact."""
+def log_mlflow(report: dict[str, Any], out: str, experiment: str, job_run_id: str) -> dict[str, Any]:
+    """One MLflow run per recipe (stage throughput_<kind>, run = the recipe), the report as artifact;
+    each names the job's run (`minite.job_run`, which holds the system metrics)."""
     from minite.tracking import log_run
 
     path = Path(out)
@@ -241,6 +263,7 @@ def log_mlflow(report: dict[str, Any], out: str, experiment: str) -> dict[str, A
             params={"device": report["device"]["label"], "torch": report["environment"]["torch"]},
             metrics=metrics_of(report, name),
             artifacts=[p for p in (path, path.with_suffix(".md"), path.with_suffix(".png")) if p.exists()],
-            tags={"device": report["device"]["kind"]},
+            tags={"device": report["device"]["kind"], "minite.job_run": job_run_id},
+            verb=f"minite bench {report['kind']}",
         )
     return refs
