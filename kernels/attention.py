@@ -87,12 +87,12 @@ if HAS_TRITON:
         return tl.dot(a, b, acc)
 
     @triton.jit
-    def _p_operand(p, P_DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    def _p_operand(p, dtype: tl.constexpr, INTERP: tl.constexpr):
         """P as the second MMA's 16-bit operand, rounded to nearest even (the interpreter truncates
         casts: round on the bits there, after which the cast is exact)."""
-        if INTERP and P_DTYPE == tl.bfloat16:
+        if INTERP and dtype == tl.bfloat16:
             p = _bf16_round(p)
-        return p.to(P_DTYPE)
+        return p.to(dtype)
 
     @triton.jit
     def _block(
@@ -173,19 +173,19 @@ if HAS_TRITON:
         return m, l, acc
 
     @triton.jit
-    def _fold(M, L, A, m, l, acc):  # noqa: E741
+    def _fold(m_run, l_run, a_run, m, l, acc):  # noqa: E741
         """Fold a chunk's (m, l, acc) into the running (M, L, A) (module docstring)."""
-        M_new = tl.maximum(M, m)
-        u = tl.where(M_new == float("-inf"), 0.0, M_new)
-        a = tl.math.exp2(M - u)
+        m_new = tl.maximum(m_run, m)
+        u = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.math.exp2(m_run - u)
         b = tl.math.exp2(m - u)
-        A = A * a[:, None] + acc * b[:, None]
-        L = L * a + l * b
-        return M_new, L, A
+        a_run = a_run * a[:, None] + acc * b[:, None]
+        l_run = l_run * a + l * b
+        return m_new, l_run, a_run
 
     @triton.jit
-    def _finish(A, L):
-        return A / tl.where(L > 0, L, 1.0)[:, None]
+    def _finish(a_run, l_run):
+        return a_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
 
     @triton.jit
     def _row_window(
@@ -263,7 +263,7 @@ if HAS_TRITON:
         lo_pos = q0 + pid_m * BLOCK_M
         kend = tl.minimum(q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, L), S)  # last key any row sees + 1
         if SINGLE:
-            M, Lsum, A = _chunk(
+            m_run, l_run, a_run = _chunk(
                 q,
                 k_base,
                 v_base,
@@ -281,9 +281,9 @@ if HAS_TRITON:
                 INTERP,
             )
         else:
-            M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            Lsum = tl.zeros((BLOCK_M,), tl.float32)
-            A = tl.zeros((BLOCK_M, D), tl.float32)
+            m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            l_run = tl.zeros((BLOCK_M,), tl.float32)
+            a_run = tl.zeros((BLOCK_M, D), tl.float32)
             for c_lo in range(start, kend, SPLIT):
                 c_hi = tl.minimum(c_lo + SPLIT, kend)
                 m, l, acc = _chunk(  # noqa: E741
@@ -303,13 +303,13 @@ if HAS_TRITON:
                     D,
                     INTERP,
                 )
-                M, Lsum, A = _fold(M, Lsum, A, m, l, acc)
-        out = _finish(A, Lsum)
+                m_run, l_run, a_run = _fold(m_run, l_run, a_run, m, l, acc)
+        out = _finish(a_run, l_run)
         o_ptrs = o_ptr + b * sob + h * soh + rows[:, None].to(tl.int64) * sol + cols[None, :]
         _store_out(o_ptrs, out, rmask[:, None], BF16_OUT)
         if STORE_LSE:
-            u = tl.where(M == float("-inf"), 0.0, M)
-            lse = tl.where(Lsum > 0, u + tl.math.log2(tl.where(Lsum > 0, Lsum, 1.0)), float("inf"))
+            u = tl.where(m_run > float("-inf"), m_run, 0.0)
+            lse = tl.where(l_run > 0, u + tl.math.log2(tl.where(l_run > 0, l_run, 1.0)), float("inf"))
             tl.store(lse_ptr + pid_bh.to(tl.int64) * L + rows, lse, mask=rmask)
 
     @triton.jit(do_not_specialize=["kv_start0", "q_start0", "L", "S"])
@@ -394,17 +394,17 @@ if HAS_TRITON:
                 wmask = rmask[:, None]
                 ticket = _split_k_ticket(acc, a_ws, plane * D, cnt_ptr, tile, c, offs, wmask)
                 if ticket == n_chunks - 1:  # the tile's last program: fold the chunks in order
-                    M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                    Lsum = tl.zeros((BLOCK_M,), tl.float32)
-                    A = tl.zeros((BLOCK_M, D), tl.float32)
+                    m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                    l_run = tl.zeros((BLOCK_M,), tl.float32)
+                    a_run = tl.zeros((BLOCK_M, D), tl.float32)
                     for cc in range(0, n_chunks):
                         mc = tl.load(m_ws + cc * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
                         lc = tl.load(l_ws + cc * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
                         ac = tl.load(
                             a_ws + cc * plane * D + offs, mask=wmask, other=0.0, cache_modifier=".cg"
                         )
-                        M, Lsum, A = _fold(M, Lsum, A, mc, lc, ac)
-                    _store_out(o_ptrs, _finish(A, Lsum), rmask[:, None], BF16_OUT)
+                        m_run, l_run, a_run = _fold(m_run, l_run, a_run, mc, lc, ac)
+                    _store_out(o_ptrs, _finish(a_run, l_run), rmask[:, None], BF16_OUT)
                     _split_k_release(cnt_ptr, tile)
 
 

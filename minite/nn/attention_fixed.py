@@ -111,9 +111,9 @@ def fixed_attention_twin(
 ) -> torch.Tensor:
     """The kernels' algorithm in fp32 torch ops, unrounded (B, Hq, L, d) float32: the same chunks from
     `start`, the same blocks and order, the same update and fold formulas, P rounded to the operand dtype
-    for P·V, each GEMM's sum exact and rounded once to fp32 (`_mm`) exp2 and the row sums from numpy: what the kernels
-    compute under Triton's interpreter, bit for bit. On the GPU the tensor cores' summation inside an MMA
-    the hardware exp2 and the row sums' order differ in the last bits."""
+    for P·V, each GEMM's sum exact and rounded once to fp32 (`_mm`), exp2 and the row sums from numpy:
+    what the kernels compute under Triton's interpreter, bit for bit. On the GPU the tensor cores'
+    summation inside an MMA, the hardware exp2 and the row sums' order differ in the last bits."""
     b, hq, lq, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     groups = hq // hkv
