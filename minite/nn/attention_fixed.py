@@ -7,11 +7,14 @@ the tile, the cache layout or prefill against decode), O(S) memory, causal, GQA,
 backward (minite.kernels.attention_bwd). `fixed_attention_twin` below is its pure-torch twin: the same
 chunks, blocks, order and formulas in fp32 torch ops, for the tests.
 
-On CPU `fixed` runs the float64 core (minite.nn.attention.attention_fp64_ref, with the caller's mask).
+On CPU `fixed` runs the float64 core (minite.nn.attention_fp64, with the caller's mask).
 An fp32 version with the kernels' block order is not shape-independent there: its per-block q·kᵀ and
 P·V are CPU GEMMs, and the CPU BLAS picks its kernel (and with it the summation order over the head dim)
 by the matrix shape, so a decode step (G query rows of a kv head) and the trainer (the whole sequence)
-would sum one block in different orders (tests/nn/test_attention_fixed.py measures it). Exact
+would sum one block in different orders (measured on this development machine's x86 CPU, torch 2.13:
+the q·kᵀ of one query row against a 64-key block of head dim 128 differed from the same row inside a
+1024-row product in 1024 of 1024 rows, the one-row product taking another kernel; numpy's matmul, the
+interpreter's, even differs by a row's place in a 128-row tile). Exact
 shape-independent fp32 would need one elementwise op per head-dim element and per key, ~(d + 64) torch
 ops per key block; the float64 core gets the same property from exact products and 2^-45 headroom
 instead. CPU and CUDA results therefore differ (fp32 against float64 rounding), while each device's
@@ -28,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from minite.nn.attention_fp64 import attention_fp64_ref
 from minite.numerics import dispatch
 
 BLOCK_N = 64  # minite.kernels.attention.BLOCK_N (the kernels assert they agree)
@@ -217,8 +221,6 @@ def fixed_attention(
     (`window_from_mask`) when kv_start and q_start are both None. Returns (B, Hq, L, d) in q's dtype.
     Differentiable (CUDA: causal from key 0 over the whole sequence, the trainer's case)."""
     if not use_kernel(q, k, v):
-        from minite.nn.attention import attention_fp64_ref
-
         if keep is None:
             keep = window_keep(kv_start, q_start, q.shape[0], q.shape[2], k.shape[2], q.device)
         return attention_fp64_ref(q, k, v, keep, scale)
