@@ -61,6 +61,7 @@ SPLIT = 1024  # keys per chunk: part of the algorithm, a multiple of BLOCK_N
 FWD_BLOCK_M, FWD_WARPS = 128, 8  # the trainer's / prefill's tile: two warpgroups of 64 rows
 DEC_BLOCK_M, DEC_WARPS = 64, 4  # the decode tile: one warpgroup, G * L <= 64 query rows of a kv head
 LOG2E = 1.4426950408889634
+LAUNCHED: dict[str, object] = {}  # the last compiled kernel of each path (registers, spills: benches)
 
 if HAS_TRITON:
     from ._triton import _bf16_round, _split_k_release, _split_k_ticket, _store_out
@@ -87,12 +88,12 @@ if HAS_TRITON:
         return tl.dot(a, b, acc)
 
     @triton.jit
-    def _p_operand(p, dtype: tl.constexpr, INTERP: tl.constexpr):
-        """P as the second MMA's 16-bit operand, rounded to nearest even (the interpreter truncates
-        casts: round on the bits there, after which the cast is exact)."""
-        if INTERP and dtype == tl.bfloat16:
+    def _p_operand(p, like, INTERP: tl.constexpr):
+        """P as the second MMA's 16-bit operand (the dtype of `like`), rounded to nearest even (the
+        interpreter truncates casts: round on the bits there, after which the cast is exact)."""
+        if INTERP and like.dtype == tl.bfloat16:
             p = _bf16_round(p)
-        return p.to(dtype)
+        return p.to(like.dtype)
 
     @triton.jit
     def _block(
@@ -134,7 +135,7 @@ if HAS_TRITON:
         p = tl.math.exp2(s - u[:, None])
         l = l * alpha + tl.sum(p, 1)  # noqa: E741
         acc = acc * alpha[:, None]
-        acc = _dot_acc(_p_operand(p, v.dtype, INTERP), v, acc, INTERP)
+        acc = _dot_acc(_p_operand(p, v, INTERP), v, acc, INTERP)
         return m_new, l, acc
 
     @triton.jit
@@ -357,12 +358,12 @@ if HAS_TRITON:
         tile = tl.program_id(0)
         c = tl.program_id(1)
         b = (tile // HKV).to(tl.int64)
-        kvh = (tile % HKV).to(tl.int64)
+        kvh = tile % HKV
         r = tl.arange(0, BLOCK_M)
         GL = G * L
         rmask = r < GL
-        h = kvh * G + (r // L).to(tl.int64)
-        lq = (r % L).to(tl.int64)
+        h = kvh * G + r // L  # 32-bit offsets within a batch row (the wrapper checks they fit)
+        lq = r % L
         cols = tl.arange(0, D)
         start, q0 = _row_window(kvs_ptr, qs_ptr, b, kv_start0, q_start0, KV_START_T, Q_START_T)
         qpos = q0 + lq
@@ -374,20 +375,21 @@ if HAS_TRITON:
                 mask=rmask[:, None],
                 other=0.0,
             )
-            k_base = k_ptr + b * skb + kvh * skh
-            v_base = v_ptr + b * svb + kvh * svh
+            k_base = k_ptr + b * skb + kvh.to(tl.int64) * skh
+            v_base = v_ptr + b * svb + kvh.to(tl.int64) * svh
             c_lo = start + c * SPLIT
             c_hi = tl.minimum(c_lo + SPLIT, kend)
             m, l, acc = _chunk(  # noqa: E741
                 q, k_base, v_base, sks, svs, qpos, q0, c_lo, c_hi, scale2, cols, BLOCK_M, BLOCK_N, D, INTERP
             )
-            o_ptrs = o_ptr + b * sob + h[:, None] * soh + lq[:, None] * sol + cols[None, :]
+            o_base = o_ptr + b * sob  # the output pointers are formed at the stores (registers)
             if n_chunks <= 1:
-                _store_out(o_ptrs, _finish(acc, l), rmask[:, None], BF16_OUT)
+                o_offs = h[:, None] * soh + lq[:, None] * sol + cols[None, :]
+                _store_out(o_base + o_offs, _finish(acc, l), rmask[:, None], BF16_OUT)
             else:
-                # partials: one plane per chunk, GL rows (of D for a_ws) per tile
-                plane = tl.num_programs(0).to(tl.int64) * GL
-                row_off = tile.to(tl.int64) * GL + r
+                # partials: one plane per chunk, GL rows (of D for a_ws) per tile; 32-bit offsets
+                plane = tl.num_programs(0) * GL
+                row_off = tile * GL + r
                 tl.store(m_ws + c * plane + row_off, m, mask=rmask)
                 tl.store(l_ws + c * plane + row_off, l, mask=rmask)
                 offs = row_off[:, None] * D + cols[None, :]
@@ -404,7 +406,8 @@ if HAS_TRITON:
                             a_ws + cc * plane * D + offs, mask=wmask, other=0.0, cache_modifier=".cg"
                         )
                         m_run, l_run, a_run = _fold(m_run, l_run, a_run, mc, lc, ac)
-                    _store_out(o_ptrs, _finish(a_run, l_run), rmask[:, None], BF16_OUT)
+                    o_offs = h[:, None] * soh + lq[:, None] * sol + cols[None, :]
+                    _store_out(o_base + o_offs, _finish(a_run, l_run), rmask[:, None], BF16_OUT)
                     _split_k_release(cnt_ptr, tile)
 
 
@@ -507,7 +510,7 @@ def attention_forward(
     # every query's keys lie in one chunk when the last query's position is below `split`
     single = qs_t is None and qs0 + lq - 1 < split
     grid = (triton.cdiv(lq, block_m), b * hq)
-    _attention_fwd_kernel[grid](
+    LAUNCHED["forward"] = _attention_fwd_kernel[grid](
         q,
         k,
         v,
@@ -541,6 +544,22 @@ def attention_forward(
         enable_fp_fusion=False,
     )
     return out, lse
+
+
+def compiled_info() -> dict[str, dict[str, int | None]]:
+    """Registers, spills and shared memory of the last launched kernel of each path (GPU only)."""
+    info = {}
+    for name, k in {**LAUNCHED, **_bwd_launched()}.items():
+        if hasattr(k, "_init_handles"):
+            k._init_handles()
+        info[name] = {f: getattr(k, f, None) for f in ("n_regs", "n_spills", "shared")}
+    return info
+
+
+def _bwd_launched() -> dict[str, object]:
+    from .attention_bwd import LAUNCHED as bwd
+
+    return bwd
 
 
 def decode_applies(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -580,7 +599,7 @@ def attention_decode(
         cnt = _locks(q.device, tiles)
     else:
         m_ws = l_ws = a_ws = cnt = out_view  # not read
-    _attention_decode_kernel[(tiles, chunks)](
+    LAUNCHED["decode"] = _attention_decode_kernel[(tiles, chunks)](
         q,
         k,
         v,
@@ -640,6 +659,7 @@ __all__ = [
     "attention_decode",
     "attention_forward",
     "attention_supported",
+    "compiled_info",
     "decode_applies",
     "fixed_attention_kernel",
 ]

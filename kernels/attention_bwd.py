@@ -20,6 +20,8 @@ import torch
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
 from .attention import LOG2E
 
+LAUNCHED: dict[str, object] = {}  # the last compiled kernel of each backward program (benches)
+
 if HAS_TRITON:
     from .attention import _dot, _dot_acc, _p_operand
 
@@ -72,10 +74,10 @@ if HAS_TRITON:
         pt = tl.math.exp2(st - lse[None, :])
         if MASK:
             pt = tl.where(qrows[None, :] >= keys[:, None], pt, 0.0)
-        dv = _dot_acc(_p_operand(pt, do.dtype, INTERP), do, dv, INTERP)
+        dv = _dot_acc(_p_operand(pt, do, INTERP), do, dv, INTERP)
         dpt = _dot(v, tl.trans(do), INTERP)
         dst = pt * (dpt - delta[None, :])
-        dk = _dot_acc(_p_operand(dst, q.dtype, INTERP), q, dk, INTERP)
+        dk = _dot_acc(_p_operand(dst, q, INTERP), q, dk, INTERP)
         return dk, dv
 
     @triton.jit(do_not_specialize=["L"])
@@ -181,7 +183,7 @@ if HAS_TRITON:
             p = tl.where(keys[None, :] <= rows[:, None], p, 0.0)
         dp = _dot(do, tl.trans(v), INTERP)
         ds = p * (dp - delta[:, None])
-        return _dot_acc(_p_operand(ds, k.dtype, INTERP), k, dq, INTERP)
+        return _dot_acc(_p_operand(ds, k, INTERP), k, dq, INTERP)
 
     @triton.jit(do_not_specialize=["L"])
     def _bwd_dq_kernel(
@@ -322,12 +324,12 @@ def attention_backward(
     scale2 = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad.stride()[:3])
     bm1, bn1, w1 = dkdv_tile
-    _bwd_dkdv_kernel[(triton.cdiv(s, bn1), b * hkv)](
+    LAUNCHED["backward_dkdv"] = _bwd_dkdv_kernel[(triton.cdiv(s, bn1), b * hkv)](
         q, k, v, grad, lse, delta, dk, dv, scale2, scale, lq, hkv, *strides, *dk.stride()[:3],
         G=hq // hkv, D=d, BLOCK_M=bm1, BLOCK_N=bn1, INTERP=interp, num_warps=w1, num_stages=num_stages,
     )  # fmt: skip
     bm2, bn2, w2 = dq_tile
-    _bwd_dq_kernel[(triton.cdiv(lq, bm2), b * hq)](
+    LAUNCHED["backward_dq"] = _bwd_dq_kernel[(triton.cdiv(lq, bm2), b * hq)](
         q, k, v, grad, lse, delta, dq, scale2, scale, lq, hq, *strides, *dq.stride()[:3],
         G=hq // hkv, D=d, BLOCK_M=bm2, BLOCK_N=bn2, INTERP=interp, num_warps=w2, num_stages=num_stages,
     )  # fmt: skip
