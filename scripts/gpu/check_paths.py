@@ -64,7 +64,8 @@ def long_context_decode_vs_full_forward(
     contexts: tuple[int, ...], layers: int, dev: torch.device, shape: dict = QWEN3_30B_A3B
 ) -> None:
     """minite at Qwen3-30B-A3B layer shapes: the sampler's decode-step logits at context lengths `contexts`
-    (two rows, one left-padded by 5 slots, so the fixed attention's windows start at 0 and at 5) against one
+    (two rows, one left-padded by 5 slots, so the fixed attention's windows start at 0 and at 5; the first
+    step eager, the others CUDA-graph replays) against one
     full forward per row over its own tokens, without and with autograd (the trainer's path: the fixed
     attention's training kernel), bit for bit."""
     sampler = build_sampler(MINITE, shape, layers, dev, seed=0)
@@ -77,11 +78,12 @@ def long_context_decode_vs_full_forward(
         dec = Decoder(model, 2, ctx, dev)
         with torch.no_grad():
             out, seq = [dec.prefill(prompt, real)], prompt
-            for t in range(steps):
+            for t in range(steps):  # the first step eager, the others replayed as a CUDA graph
                 tok = out[-1].argmax(-1)
                 seq = torch.cat([seq, tok[:, None]], 1)
                 dec.set_next(tok, width + t, real.sum(-1) + t)
-                out.append(dec.step(False).clone())
+                graph = t > 0 and dev.type == "cuda" and dec.try_capture()
+                out.append(dec.step(graph).clone())
         got = torch.stack(out, 1).float()  # (2, steps + 1, V): logits after the prompt and each token
         for grad in (False, True):  # no grad: the sampler's model as is; grad: the training kernel's path
             same, worst = True, 0.0
