@@ -118,9 +118,7 @@ COMPONENTS: dict[str, Component] = {
     ),
     "layer_set": Component(_layer_set, True, "layer set: the sampler keeps the trainer's bf16 blocks"),
     "non_gemm": Component(_non_gemm, False, "router + norm: fp32 router/top-k (stable ties), fp32 RMSNorm"),
-    "rope_attn": Component(
-        _rope_attn, False, "RoPE fp32 + the fixed-order attention core in both engines"
-    ),
+    "rope_attn": Component(_rope_attn, False, "RoPE fp32 + the fixed-order attention core in both engines"),
     "kernel_arith": Component(
         _kernel_arith, True, "kernel arithmetic: trainer's quantizer flavor in the sampler, one GEMM path"
     ),
