@@ -1,4 +1,5 @@
-r"""`minite bench learner|rollout`: learner or rollout throughput of several recipes, in one process.
+r"""`minite bench learner|rollout|attention`: learner or rollout throughput of several recipes, in one
+process; or the fixed attention core alone against torch's SDPA (`attention`, one GPU).
 
 Each verb measures every recipe one after the other in one process on the same data and writes a JSON
 report with a Markdown table beside it (minite.bench.learner, minite.bench.rollout); every speed is also
@@ -34,16 +35,17 @@ from typing import Any
 
 from minite.commands.common import run_guarded
 
-VERBS = ("learner", "rollout")
+VERBS = ("learner", "rollout", "attention")
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = p.add_subparsers(dest="verb", required=True, metavar="{learner,rollout}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="{learner,rollout,attention}")
     _learner_args(sub)
     _rollout_args(sub)
+    _attention_args(sub)
     args = p.parse_args(argv)
     command = " ".join(["minite", "bench", *argv])
     return run_guarded(lambda: _run(args, command))
@@ -121,7 +123,46 @@ def _rollout_args(sub) -> None:
     p.add_argument("--max-seconds", type=float, help="per batch size: stop after this many timed seconds")
 
 
+def _attention_args(sub) -> None:
+    from minite.bench import attention as A
+
+    p = sub.add_parser(
+        "attention",
+        prog="minite bench attention",
+        description=A.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="the fixed attention core against torch SDPA (forward, backward, decode)",
+    )
+    d = A.AttentionBenchConfig()
+    p.add_argument("--seq-lens", type=int, nargs="+", default=list(d.seq_lens))
+    p.add_argument("--tokens", type=int, default=d.tokens, help="batch = tokens / length")
+    p.add_argument("--decode-contexts", type=int, nargs="*", default=list(d.decode_contexts))
+    p.add_argument("--decode-batches", type=int, nargs="+", default=list(d.decode_batches))
+    p.add_argument("--rep-ms", type=int, default=d.rep_ms, help="timing budget per measurement")
+    p.add_argument("--out", required=True, help="JSON report; the Markdown goes beside it (.md)")
+
+
+def _run_attention(args: argparse.Namespace, command: str) -> int:
+    from minite.bench import attention as A
+
+    cfg = A.AttentionBenchConfig(
+        seq_lens=tuple(args.seq_lens),
+        tokens=args.tokens,
+        decode_contexts=tuple(args.decode_contexts),
+        decode_batches=tuple(args.decode_batches),
+        rep_ms=args.rep_ms,
+    )
+    report = A.run(
+        cfg, command=command, progress=lambda rep: _write(rep, args.out, A.markdown(rep), quiet=True)
+    )
+    _write(report, args.out, A.markdown(report))
+    print(A.markdown(report))
+    return 0
+
+
 def _run(args: argparse.Namespace, command: str) -> int:
+    if args.verb == "attention":
+        return _run_attention(args, command)
     import torch
 
     from minite.bench import learner as L
