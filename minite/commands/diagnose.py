@@ -71,12 +71,19 @@ def main(argv: list[str]) -> int:
         choices=["builtin", "vllm"],
         help="engine of the attribution pairs (default: --engine; vllm: one engine per variant)",
     )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share (default: the run's rl.sampler.gpu_memory_utilization, else derived from "
+        "the machine and the engine jobs at once: minite.engines.vllm.memory)",
+    )
     p.add_argument("--mlflow-experiment")
     p.add_argument("--mlflow-run-name")
     p.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI or the profile's store)")
     args = p.parse_args(argv)
 
     def go() -> int:
+        from minite.commands.eval import check_share
         from minite.diagnostics.report import write_report
         from minite.diagnostics.run import DiagnoseConfig, diagnose
         from minite.tracking import run_identity
@@ -113,6 +120,11 @@ def main(argv: list[str]) -> int:
             trace_sequences=args.trace_sequences,
             attribution=not args.no_attribution,
             attribution_engine=args.attribution_engine,
+            gpu_memory_utilization=(
+                check_share(args.gpu_memory_utilization)
+                if args.gpu_memory_utilization is not None
+                else sampler_cfg.get("gpu_memory_utilization")
+            ),
         )
         d = diagnose(cfg)
         d.update(run_identity(str(recipe)), seed=seed, run_dir=str(run_dir) if run_dir else None)
@@ -171,6 +183,8 @@ def _log(d: dict[str, Any], out: Path, args: argparse.Namespace, seed: int) -> d
     metrics, series = metrics_of(d)
     t = d["trace"]
     params = {
+        "engine": d["engine"],
+        "attribution_engine": (d.get("attribution") or {}).get("engine", "none"),
         "first_divergent_site": t["first_divergent_site"],
         "first_nonzero_site": t["first_nonzero_site"],
         "largest_jump_site": t["largest_jump_site"],
