@@ -68,7 +68,16 @@ CPU_CACHE_FACTOR = 2
 # kernels' libraries): 0.3-0.45 GiB measured for the tiny models (tests/engines/test_vllm_memory.py)
 ENGINE_OVERHEAD = GIB // 2
 
+# what the operating system keeps of a node whatever else runs (kernel, page tables, its own
+# services): a request above MACHINE_USABLE of the node cannot be met even with no other process
+MACHINE_USABLE = 0.9
+
 Source = Literal["user", "derived", "VLLM_CPU_KVCACHE_SPACE"]
+
+
+class EngineStartError(ConfigError):
+    """A vLLM engine cannot start here; the message names the cause and the fix. A ConfigError, so
+    the CLIs print it as one line and exit 2."""
 
 
 def engines_at_once(environ: dict[str, str] | None = None) -> int:
@@ -199,8 +208,9 @@ def plan(
     machine: Machine | None = None,
     environ: dict[str, str] | None = None,
 ) -> EnginePlan:
-    """The memory plan of one engine on `model_dir` (see the module docstring). Raises ConfigError
-    when the share on CPU leaves no room for one sequence's cache (too little memory)."""
+    """The memory plan of one engine on `model_dir` (see the module docstring). Raises
+    EngineStartError when the share on CPU leaves no room for one sequence's cache (too little
+    memory)."""
     env = os.environ if environ is None else environ
     n = engines_at_once(env) if engines is None else engines
     if n < 1:
@@ -255,7 +265,7 @@ def plan(
     share = CPU_BUDGET / n
     room = int(share * m.total) - m.process_rss - weights - ENGINE_OVERHEAD
     if room < one_seq:
-        raise ConfigError(
+        raise EngineStartError(
             f"too little memory for a vLLM engine: its share is {share:.2f} of the node's "
             f"{m.total / GIB:.1f} GiB ({CPU_BUDGET} for {n} engine job(s) at once), and after this "
             f"process ({m.process_rss / GIB:.2f} GiB), the weights ({weights / GIB:.2f} GiB) and vLLM's "

@@ -7,7 +7,7 @@ Three causes cover the failures seen on the machines this project runs on:
   kernel library built for instructions the CPU lacks can kill the process with SIGILL instead of
   raising.
 - Too little memory: what the engine's share asks for exceeds what the machine could give even with
-  no other process running.
+  no other process running (more than MACHINE_USABLE of the node, or of the GPU).
 - Memory held by other processes: the share would fit the machine, but other processes hold what it
   needs (often another engine: a parallel job, or a stale one of a killed run). The message lists the
   largest of them by pid, name and resident memory.
@@ -25,14 +25,11 @@ import os
 import platform
 from pathlib import Path
 
-from minite.configuration import ConfigError
-from minite.engines.vllm.memory import GIB, KVCACHE_ENV, EnginePlan
+from minite.engines.vllm.memory import GIB, KVCACHE_ENV, MACHINE_USABLE, EnginePlan, EngineStartError
+
+__all__ = ["EngineStartError", "check", "check_platform", "explain", "memory_error", "memory_holders"]
 
 BUILTIN_FIX = "or sample with the built-in engine (rl.sampler.engine: builtin; profile tiny-builtin)"
-
-
-class EngineStartError(ConfigError):
-    """A vLLM engine cannot start here; the message names the cause and the fix."""
 
 
 def check_platform(cpuinfo: str | None = None, machine: str | None = None, cuda: bool | None = None) -> None:
@@ -74,8 +71,8 @@ def check_platform(cpuinfo: str | None = None, machine: str | None = None, cuda:
 
 
 def memory_holders(limit: int = 4, exclude: tuple[int, ...] = ()) -> tuple[list[dict], int]:
-    """([{pid, name, rss, vllm}, ...] the `limit` largest other processes by resident memory, total
-    resident memory of all other processes)."""
+    """([{pid, name, rss, minite, cmd}, ...] the `limit` largest other processes by resident memory,
+    total resident memory of all other processes)."""
     import psutil
 
     me = {os.getpid(), *exclude}
@@ -86,14 +83,18 @@ def memory_holders(limit: int = 4, exclude: tuple[int, ...] = ()) -> tuple[list[
             continue
         rss = info["memory_info"].rss
         total += rss
-        cmd = " ".join(info.get("cmdline") or [])
+        args = info.get("cmdline") or []
+        name = info.get("name") or "?"
         rows.append(
             {
                 "pid": info["pid"],
-                "name": info.get("name") or "?",
+                "name": name,
                 "rss": rss,
-                "vllm": "vllm" in cmd or "minite" in cmd,
-                "cmd": cmd[:80],
+                # a minite verb (an engine job of a workflow, say) or a vLLM server
+                "minite": name == "minite"
+                or "minite.cli" in args
+                or any(Path(a).name == "vllm" for a in args),
+                "cmd": " ".join(args)[:80],
             }
         )
     rows.sort(key=lambda r: -r["rss"])
@@ -102,7 +103,8 @@ def memory_holders(limit: int = 4, exclude: tuple[int, ...] = ()) -> tuple[list[
 
 def _holders_text(rows: list[dict]) -> str:
     return ", ".join(
-        f"pid {r['pid']} {r['name']} {r['rss'] / GIB:.2f} GiB" + (" (minite/vLLM)" if r["vllm"] else "")
+        f"pid {r['pid']} {r['name']} {r['rss'] / GIB:.2f} GiB"
+        + (" (a minite or vLLM process)" if r["minite"] else "")
         for r in rows
     )
 
@@ -122,23 +124,28 @@ def memory_error(plan: EnginePlan, needs: int, available: int, what: str) -> Eng
     elif plan.source == "VLLM_CPU_KVCACHE_SPACE":
         fix = f"lower {KVCACHE_ENV} (GiB of KV cache), or unset it to size the cache from the work"
     else:
-        fix = "run fewer engine jobs at once (snakemake --resources vllm_engine=1, or fewer --cores)"
+        fix = (
+            "run fewer engine jobs at once (snakemake --resources vllm_engine=1, or fewer --cores), or "
+            "shorten max_model_len"
+        )
     if plan.device == "cuda":
         import torch
 
         procs = torch.cuda.list_gpu_processes()
         held = plan.total - available
-        if needs > plan.total:
+        if needs > MACHINE_USABLE * plan.total:
             return EngineStartError(f"{head}: too little GPU memory. Fix: {fix}")
         return EngineStartError(
             f"{head}: other processes hold {g(held)} of this GPU ({procs.strip()}). Fix: stop or wait for "
             f"them, or {fix}"
         )
     rows, others = memory_holders()
-    if needs > available + others or needs > plan.total:
+    # resident sizes count shared pages once per process, so `others` overstates what stopping them
+    # would free: only a request the machine could meet with them gone counts as held by them
+    if needs > MACHINE_USABLE * plan.total or needs > available + others:
         return EngineStartError(
-            f"{head}, and other processes hold only {g(others)}: too little memory on this machine. "
-            f"Fix: {fix}, shorten max_model_len, or use a machine with more memory"
+            f"{head}: too little memory on this machine (the operating system keeps about "
+            f"{1 - MACHINE_USABLE:.0%} of it). Fix: {fix}; or use a machine with more memory"
         )
     return EngineStartError(
         f"{head}: other processes hold the memory it needs ({g(others)} in all; the largest: "
