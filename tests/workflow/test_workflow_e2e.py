@@ -155,35 +155,6 @@ ENGINE_UP = re.compile(
 )
 
 
-def test_two_vllm_jobs_run_at_once_on_two_cores(workflow):
-    """Two RL jobs of the workflow, each holding a vLLM engine, ran at the same time on 2 cores and both
-    finished: each engine took the share the workflow derived for 2 engine jobs at once (0.4 of the
-    node, its KV cache sized to the work), not vLLM's 0.92, with which the second could not start."""
-    _, work, _, _ = workflow
-    cfg = load_profile(PROFILE)
-    jobs = {}
-    for run in run_names(cfg):
-        for s in run_seeds(cfg, run):
-            log = (work / "logs" / PROFILE / "rl" / run / f"seed{s}.log").read_text()
-            ups = [m.groupdict() for m in ENGINE_UP.finditer(log)]
-            assert len(ups) == 1, (run, s, log[-2000:])  # one engine for every step of the job
-            up = ups[0]
-            assert (up["source"], float(up["share"]), up["engines"]) == ("derived", 0.4, "2"), up
-            assert 0 < int(up["kv"]) < 256, up  # MiBs for the work, not the share's GiBs
-            summary = work / "results" / PROFILE / "rl" / run / f"seed{s}" / "summary.json"
-            assert json.loads(summary.read_text())["steps"] == cfg["rl"]["steps"]  # finished
-            start = datetime.datetime.fromisoformat(up["at"]).timestamp()
-            jobs[(run, s)] = (start, summary.stat().st_mtime)
-    # some two engines were alive at once: each was up before the other's job finished
-    both = [
-        (a, b)
-        for a in jobs
-        for b in jobs
-        if a < b and max(jobs[a][0], jobs[b][0]) < min(jobs[a][1], jobs[b][1])
-    ]
-    assert both, jobs
-
-
 def test_workflow_end_to_end(workflow):
     tmp_path, work, cfgs, config = workflow
     cfg = load_profile(PROFILE)
@@ -333,3 +304,37 @@ def test_workflow_end_to_end(workflow):
     # an ablation outside `rule all` runs alone by its target name, touching nothing else
     jobs = _jobs_after(work, config, "ablation_minite_bf16_router")
     assert {r for r, _ in jobs} == {"run_config", "rl", "eval", "diagnose", "ablation_minite_bf16_router"}
+
+
+def test_two_vllm_jobs_run_at_once_on_two_cores(workflow):
+    """Two RL jobs of the workflow, each holding a vLLM engine, run at the same time on 2 cores and both
+    finish: each engine takes the share the workflow derives for 2 engine jobs at once (0.4 of the
+    node, its KV cache sized to the work), not vLLM's 0.92, with which the second could not start.
+    After the end-to-end run (the same work dir, prepared): the two seeds of bf16 again with more steps,
+    so that their engines live long enough to overlap (the miniature's 2 steps take seconds)."""
+    _, work, _, config = workflow
+    targets = [f"results/{PROFILE}/rl/bf16/seed{s}/mlflow_run.json" for s in (0, 1)]
+    steps = 12
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+        mp.delenv("MINITE_VLLM_ENGINES", raising=False)
+        res = snakemake("--cores", "2", *targets, "--config", *config, f"rl={{steps: {steps}}}", workdir=work)
+    assert res.returncode == 0, res.stderr[-4000:] + _tail(work)
+    assert sum(r == "rl" for r, _ in planned_jobs(res.stdout + res.stderr)) == 2  # both, one Snakemake
+    alive = {}
+    for s in (0, 1):
+        log_path = work / "logs" / PROFILE / "rl" / "bf16" / f"seed{s}.log"
+        ups = [m.groupdict() for m in ENGINE_UP.finditer(log_path.read_text())]
+        assert len(ups) == 1, (s, log_path.read_text()[-2000:])  # one engine for every step of the job
+        up = ups[0]
+        assert (up["source"], float(up["share"]), up["engines"]) == ("derived", 0.4, "2"), up
+        assert 0 < int(up["kv"]) < 256, up  # MiBs for the work, not the share's GiBs
+        out = work / "results" / PROFILE / "rl" / "bf16" / f"seed{s}"
+        recs = (out / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in recs] == list(range(steps))  # finished
+        # the engine lives from its start-up line until it is closed, just before summary.json is written
+        alive[s] = (
+            datetime.datetime.fromisoformat(up["at"]).timestamp(),
+            (out / "summary.json").stat().st_mtime,
+        )
+    assert max(a for a, _ in alive.values()) < min(b for _, b in alive.values()), alive  # both at once
