@@ -458,6 +458,28 @@ CASES: list[Case] = [
         ("gpu_memory_utilization is a vLLM setting", "set sampler.engine to 'vllm', or drop the key"),
     ),
     Case(
+        "eval-sampler-memory-out-of-range",
+        lambda i: cli(
+            [
+                "eval",
+                "--base",
+                "--model-dir",
+                str(i.model_dir),
+                "--data-dir",
+                str(i.data_dir),
+                "--tasks",
+                "tiny_arith",
+                "--engine",
+                "vllm",
+                "--gpu-memory-utilization",
+                "1.5",
+                "--out",
+                str(i.out / "e.json"),
+            ]
+        ),
+        ("--gpu-memory-utilization must be a fraction in (0, 1], got 1.5", "leave it out"),
+    ),
+    Case(
         "train-dist-retired-memory-env",
         lambda i: i.train_dist(env={"MINITE_VLLM_MEMORY_FRACTION": "0.4"}, sampler={"engine": "vllm"}),
         ("MINITE_VLLM_MEMORY_FRACTION is no longer read", "--set sampler.gpu_memory_utilization=0.4"),

@@ -1,5 +1,7 @@
 # Stage 3: lm-eval on every run's final checkpoint, through the `minite` lm-eval model (the run
-# recipe's own sampler engine), offline, on the profile's eval tasks; and on the base model (bf16).
+# recipe's own sampler engine: eval.engine, else the run's rl.sampler.engine), offline, on the profile's
+# eval tasks; and on the base model (bf16 recipe, the profile's engine). A vLLM job takes a
+# `vllm_engine` unit and sizes its memory from MINITE_VLLM_ENGINES (common.smk).
 
 
 def _eval_args():
@@ -33,8 +35,9 @@ rule eval:
     threads: threads_of("eval")
     resources:
         **resources_of("eval"),
+        vllm_engine=lambda w: holds_vllm("eval", w.run),
     shell:
-        "OMP_NUM_THREADS={threads} {MINITE} eval --run {params.run} --model-dir {params.model}"
+        "{VLLM_ENV[eval]}OMP_NUM_THREADS={threads} {MINITE} eval --run {params.run} --model-dir {params.model}"
         " --data-dir {params.data} {params.args} --out {output}"
         " --mlflow-experiment {EXPERIMENT} --mlflow-run-name eval/{wildcards.run}/seed{wildcards.seed}"
         " > {log} 2>&1"
@@ -48,7 +51,8 @@ rule eval_base:
         BASE_EVAL,
     params:
         **DIRS,
-        args=_eval_args(),
+        args=_eval_args() + ("" if config["eval"].get("engine") else f" --engine {stage_engine('eval')}")
+        + share_flag(),
     log:
         f"{LOGS}/eval/base/seed0.log",
     benchmark:
@@ -56,7 +60,8 @@ rule eval_base:
     threads: threads_of("eval")
     resources:
         **resources_of("eval"),
+        vllm_engine=holds_vllm("eval"),
     shell:
-        "OMP_NUM_THREADS={threads} {MINITE} eval --base --model-dir {params.model} --data-dir {params.data}"
+        "{VLLM_ENV[eval]}OMP_NUM_THREADS={threads} {MINITE} eval --base --model-dir {params.model} --data-dir {params.data}"
         " {params.args} --out {output} --mlflow-experiment {EXPERIMENT} --mlflow-run-name eval/base/seed0"
         " > {log} 2>&1"

@@ -19,6 +19,16 @@ from minite.commands.common import run_guarded
 from minite.configuration import ConfigError
 
 
+def check_share(value: float) -> float:
+    """--gpu-memory-utilization: a fraction in (0, 1]."""
+    if not 0 < value <= 1:  # NaN fails too
+        raise ConfigError(
+            f"--gpu-memory-utilization must be a fraction in (0, 1], got {value}; e.g. 0.3, or leave it out "
+            "to size the engine from the machine"
+        )
+    return value
+
+
 def parse_tasks(text: str) -> list:
     text = text.strip()
     if text.startswith("["):
@@ -47,7 +57,17 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--recipe", help="override the run's recipe (name or YAML); default: the run's, bf16 for --base"
     )
-    p.add_argument("--engine", choices=["builtin", "vllm"], help="sampler engine (default: the run's)")
+    p.add_argument(
+        "--engine",
+        choices=["builtin", "vllm"],
+        help="sampler engine (default: the run's; builtin for --base)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share (default: the run's rl.sampler.gpu_memory_utilization, else derived from "
+        "the machine and the engine jobs at once: minite.engines.vllm.memory)",
+    )
     p.add_argument("--limit", type=int, help="examples per task (default all)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-gen-toks", type=int, help="default generation cap for tasks without one")
@@ -80,6 +100,8 @@ def main(argv: list[str]) -> int:
             model_args["engine"] = args.engine
         if args.max_gen_toks:
             model_args["max_gen_toks"] = args.max_gen_toks
+        if args.gpu_memory_utilization is not None:
+            model_args["gpu_memory_utilization"] = check_share(args.gpu_memory_utilization)
         engine = args.engine or cfg.get("sampler", {}).get("engine", "builtin")
         job_cm = contextlib.nullcontext()
         if args.mlflow_experiment:  # the run is RUNNING while lm-eval runs
@@ -102,6 +124,7 @@ def main(argv: list[str]) -> int:
                     "run_config": cfg,
                 },
                 datasets=[(Path(args.data_dir) / "eval.jsonl", "evaluation")] if args.data_dir else [],
+                params={"engine": engine},
                 run_name=args.mlflow_run_name,
             )
         with job_cm as job:
@@ -133,7 +156,7 @@ def main(argv: list[str]) -> int:
             record["mlflow"] = job.ref()
             out.write_text(json.dumps(record, indent=2, default=str) + "\n")
         accs = ", ".join(f"{t} {row}" for t, row in result["tasks"].items())
-        print(f"minite eval: {ident['run']} seed {seed}: {accs}")
+        print(f"minite eval: {ident['run']} seed {seed} ({engine} engine): {accs}")
         return 0
 
     return run_guarded(go)

@@ -54,6 +54,7 @@ class DiagnoseConfig:
     trace_sequences: int = 64  # the first N sampled sequences go through the layer trace
     attribution: bool = True
     attribution_engine: str | None = None  # builtin | vllm; None: `engine`
+    gpu_memory_utilization: float | None = None  # vLLM's share; None: derived (engines.vllm.memory)
 
 
 def _sample(sampler, prompts: list[list[int]], cfg: DiagnoseConfig, eos: int) -> list[Completion]:
@@ -108,6 +109,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
             seed=cfg.seed,
             max_model_len=cfg.max_model_len,
             workdir=workdir.name,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
         )
     try:
         sync(sampler, policy, recipe)

@@ -38,8 +38,9 @@ in its own process (no extra processes, weight updates by reference) with
 replica r, and there are world/tp replicas (`rl.sampler.data_parallel_size`, if set, must equal
 that). Each replica samples and evaluates its contiguous slice of the prompts. The engines' memory:
 `rl.sampler.gpu_memory_utilization` (vLLM's: the fraction of the GPU, or on CPU of the node's memory,
-per engine); unset, 0.3 on a GPU shared with the learner, 0.5 / local ranks on CPU
-(VLLM_CPU_KVCACHE_SPACE, if set, wins there).
+per engine); unset, minite.engines.vllm.memory derives it from the device and the engines sharing it
+(`memory_kwargs`: a GPU per rank beside its learner shard; on CPU the node's local ranks, times the
+engine jobs at once), and VLLM_CPU_KVCACHE_SPACE, if set, wins on CPU.
 """
 
 from __future__ import annotations
@@ -127,17 +128,21 @@ def split(n: int, parts: int, part: int) -> slice:
 RETIRED_MEMORY_ENV = "MINITE_VLLM_MEMORY_FRACTION"
 
 
-def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, float]:
-    """vLLM's gpu_memory_utilization for one of `local_world` engines on a node: the config's
-    `rl.sampler.gpu_memory_utilization`, else 0.3 of a GPU (shared with the learner), else on CPU
-    nothing when VLLM_CPU_KVCACHE_SPACE is set (it wins there) or 0.5 / local_world of the memory."""
+def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, Any]:
+    """How one rank's engine sizes its memory (minite.engines.vllm.memory): the config's
+    `rl.sampler.gpu_memory_utilization` when set, else from the engines that share its device: one
+    per GPU (each rank has its own), `local_world` on a CPU node, times the engine jobs that run at
+    once (MINITE_VLLM_ENGINES); every engine sits beside its rank's learner shard."""
+    from minite.engines.vllm.memory import engines_at_once
+
+    cuda = torch.cuda.is_available()
+    out: dict[str, Any] = {
+        "learner_on_device": cuda,
+        "engines": (1 if cuda else local_world) * engines_at_once(),
+    }
     if sampler_cfg.gpu_memory_utilization is not None:
-        return {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}
-    if torch.cuda.is_available():
-        return {"gpu_memory_utilization": 0.3}
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return {}
-    return {"gpu_memory_utilization": 0.5 / local_world}
+        out["gpu_memory_utilization"] = sampler_cfg.gpu_memory_utilization
+    return out
 
 
 def make_colocated_vllm(cfg, recipe, rank: int, world: int):

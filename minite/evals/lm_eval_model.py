@@ -12,7 +12,9 @@ it*.
 
 model_args: run (RL output folder; omit to evaluate the base model), model_dir (base model: config
 and tokenizer), recipe (default: the run's; "bf16" for the base model), engine (builtin|vllm, default
-the run's sampler engine), dtype, seed, max_model_len, max_gen_toks (default cap), batch_size.
+the run's sampler engine), dtype, seed, max_model_len, max_gen_toks (default cap), batch_size,
+gpu_memory_utilization (vLLM's share; default the run's rl.sampler.gpu_memory_utilization, else
+derived from the machine: minite.engines.vllm.memory).
 
 Only `generate_until` is implemented (greedy unless a task asks for sampling): the tasks miniTE
 evaluates (tiny arithmetic, AIME, MATH-500) are generative and exact-match scored.
@@ -48,6 +50,7 @@ class MiniteLM(LM):
         batch_size: int | str | None = 64,
         max_batch_size: int | None = None,
         device: str | None = None,
+        gpu_memory_utilization: float | str | None = None,
         **_: Any,
     ) -> None:
         super().__init__()
@@ -79,6 +82,11 @@ class MiniteLM(LM):
             seed=self.seed,
             max_model_len=self.max_model_len,
             workdir=Path(run) / "eval_sampler" if run else None,
+            gpu_memory_utilization=(
+                float(gpu_memory_utilization)
+                if gpu_memory_utilization not in (None, "")
+                else sampler_cfg.get("gpu_memory_utilization")
+            ),
         )
         sync(self.sampler, policy, self.recipe)
         del policy

@@ -79,10 +79,12 @@ class SamplerConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     # vLLM's gpu_memory_utilization, per engine: the fraction of the GPU's memory (on CPU: of the
-    # node's memory) the engine may take for its weights, activations and KV cache, in (0, 1]. Unset:
-    # under `minite train` vLLM's own default (0.92 in vLLM 0.32); under train-dist, where every rank
-    # runs an engine next to its learner shard, 0.3 on a GPU and 0.5 / local ranks on CPU (there
-    # VLLM_CPU_KVCACHE_SPACE, in GiB, if set, wins over both)
+    # node's memory, the whole process counted) the engine may take for its weights, activations and
+    # KV cache, in (0, 1]. Set, it wins (and eval and diagnose of the run take it too). Unset, it follows
+    # the machine and how many engines run at once (minite.engines.vllm.memory: on CPU 0.8 of the node
+    # over the engine jobs at once, the KV cache sized to the work; on a GPU 0.3 beside the learner,
+    # 0.9 alone, over the engines sharing it), not vLLM's default of 0.92. On CPU
+    # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache), if set, wins over both
     gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
@@ -384,6 +386,7 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
         dtype=cfg.sampler.dtype,
         seed=cfg.seed,
         max_model_len=cfg.sampler.max_model_len,
+        learner_on_device=resolve_device(cfg.device).type == "cuda",
         **cfg.sampler.engine_kwargs(),
     )
 
