@@ -89,11 +89,12 @@ def build_sampler(
     max_model_len: int = 256,
     workdir: str | Path | None = None,
     eos_token_id: int | None = None,
+    **engine_kwargs,
 ):
     """The recipe's sampler engine ("builtin" or "vllm"), without weights yet (see `sync`).
 
     `eos_token_id` overrides the tokenizer's (e.g. -1: never stop, for fixed-length throughput runs;
-    built-in engine only)."""
+    built-in engine only); `engine_kwargs` go to vLLM's `LLM(...)` (e.g. gpu_memory_utilization)."""
     if engine == "builtin":
         from transformers import AutoConfig
 
@@ -112,7 +113,7 @@ def build_sampler(
 
         root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="minite-sampler-"))
         sdir = write_sampler_checkpoint(model_dir, root / f"sampler_{recipe.name}", recipe)
-        return VLLMSampler(sdir, recipe, dtype=dtype, seed=seed, max_model_len=max_model_len)
+        return VLLMSampler(sdir, recipe, dtype=dtype, seed=seed, max_model_len=max_model_len, **engine_kwargs)
     raise ConfigError(f"unknown sampler engine {engine!r}; use 'builtin' or 'vllm'")
 
 

@@ -7,6 +7,15 @@ would keep an fp32 residual stream and fp32 norm weights that no sampler has: a 
 own.) The casts are differentiable, so gradients land on the fp32 masters. Log-probs come from an
 fp32 log-softmax of the logits.
 
+Vocabulary: Qwen3's lm_head has 151,936 rows, so the logits of a whole batch ([tokens, vocab], fp32 for
+the log-softmax) would dwarf everything else (8,192 completion tokens: 5 GB). The lm_head, the fp32
+cast and the log-softmax therefore run on `OptimConfig.logprob_chunk` completion tokens at a time,
+inside the model's forward (the lm_head's forward is swapped for the call, so FSDP's root unit still
+gathers its weight), each chunk under activation checkpointing when gradients are needed: at most one
+chunk's [chunk, vocab] logits exist, forward or backward. Only the positions that predict completion
+tokens go through the lm_head at all. The per-token arithmetic is the unchunked one (the same GEMM
+row, cast and log-softmax), which `sequence_logprobs(..., chunk_tokens=None)` keeps as the reference.
+
 Device: `Trainer(..., device=...)` moves the model (fp32 masters) there before the optimizer is built,
 so the bf16 copies, the AdamW state and the gradients live there too; batches go there with
 `TokenBatch.to`. Stochastic rounding on CUDA draws from the Triton Philox stream seeded like the CPU
@@ -15,10 +24,13 @@ generators (minite.nn.functional.SeedSource, minite.numerics.dispatch).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from minite.engines.base import Completion
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
@@ -34,6 +46,8 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     compute_dtype: str = "bfloat16"  # or "float32"
+    # completion tokens per lm_head + log-softmax chunk (module docstring); None: all at once
+    logprob_chunk: int | None = 1024
 
     def __post_init__(self) -> None:
         if not 0 < self.lr < float("inf"):  # NaN fails every comparison
@@ -42,6 +56,8 @@ class OptimConfig:
             raise ValueError(
                 f"OptimConfig.compute_dtype must be 'bfloat16' or 'float32', got {self.compute_dtype!r}"
             )
+        if self.logprob_chunk is not None and self.logprob_chunk < 1:
+            raise ValueError(f"OptimConfig.logprob_chunk must be >= 1 (or null), got {self.logprob_chunk}")
 
 
 @dataclass
@@ -101,19 +117,63 @@ def forward(model: nn.Module, dtype: torch.dtype = torch.bfloat16, **inputs) -> 
     return torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False).logits
 
 
-def sequence_logprobs(
-    model: nn.Module, batch: TokenBatch, dtype: torch.dtype = torch.bfloat16
+def _token_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
 ) -> torch.Tensor:
-    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward."""
+    """(N,) fp32 log-prob of `targets` (N,) given hidden states (N, H): lm_head, fp32 log-softmax."""
+    logits = F.linear(hidden, weight, bias).float()  # (N, V)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+@contextlib.contextmanager
+def _logprob_head(head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tensor, chunk: int):
+    """For one call of the model: its lm_head maps the final hidden states (B, L, H) to the (B, T)
+    log-probs of `targets` at `pred_index`, `chunk` tokens at a time (module docstring)."""
+
+    def completion_logprobs(hidden: torch.Tensor) -> torch.Tensor:
+        b, t = targets.shape
+        idx = pred_index[..., None].expand(-1, -1, hidden.shape[-1])
+        rows = hidden.gather(1, idx).reshape(b * t, -1)  # (B*T, H)
+        flat = targets.reshape(-1)
+        # head.weight here is what the call runs on (functional_call's bf16 copy, FSDP's gathered one)
+        weight, bias = head.weight, head.bias
+        checkpointed = torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
+        parts = []
+        for i in range(0, b * t, chunk):
+            args = (rows[i : i + chunk], weight, bias, flat[i : i + chunk])
+            if checkpointed:
+                parts.append(checkpoint(_token_logprobs, *args, use_reentrant=False))
+            else:
+                parts.append(_token_logprobs(*args))
+        return torch.cat(parts).view(b, t) if parts else rows.new_zeros((b, t), dtype=torch.float32)
+
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"chunked log-probs need an nn.Linear lm_head, got {type(head).__name__}")
+    head.forward = completion_logprobs  # this instance, this call only
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    batch: TokenBatch,
+    dtype: torch.dtype = torch.bfloat16,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward. `chunk_tokens`: the
+    lm_head and log-softmax in chunks of that many completion tokens (module docstring); None: the
+    model's logits at every position, then gathered (the reference: a (B, L, V) tensor)."""
     pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = forward(
-        model,
-        dtype,
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=pos,
-        use_cache=False,
+    inputs = dict(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False
     )
+    if chunk_tokens is not None:
+        with _logprob_head(model.get_output_embeddings(), batch.pred_index, batch.targets, chunk_tokens):
+            logp = forward(model, dtype, **inputs)  # the head's output: (B, T) log-probs
+        return torch.where(batch.mask, logp, torch.zeros_like(logp))
+    logits = forward(model, dtype, **inputs)
     idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
     picked = logits.gather(1, idx).float()  # (B, T, V)
     logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
@@ -154,7 +214,7 @@ class Trainer:
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics."""
-        return sequence_logprobs(self.model, batch, self.dtype)
+        return sequence_logprobs(self.model, batch, self.dtype, self.optim_cfg.logprob_chunk)
 
     @property
     def device(self) -> torch.device:
