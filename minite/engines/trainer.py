@@ -11,10 +11,14 @@ Vocabulary: Qwen3's lm_head has 151,936 rows, so the logits of a whole batch ([t
 the log-softmax) would dwarf everything else (8,192 completion tokens: 5 GB). The lm_head, the fp32
 cast and the log-softmax therefore run on `OptimConfig.logprob_chunk` completion tokens at a time,
 inside the model's forward (the lm_head's forward is swapped for the call, so FSDP's root unit still
-gathers its weight), each chunk under activation checkpointing when gradients are needed: at most one
-chunk's [chunk, vocab] logits exist, forward or backward. Only the positions that predict completion
-tokens go through the lm_head at all. The per-token arithmetic is the unchunked one (the same GEMM
-row, cast and log-softmax), which `sequence_logprobs(..., chunk_tokens=None)` keeps as the reference.
+gathers its weight); only the positions that predict completion tokens go through the lm_head at all.
+The backward (`_CompletionLogprobs`) recomputes each chunk's logits, so at most one chunk's [chunk,
+vocab] tensors exist, forward or backward, and sums the lm_head's weight gradient over the chunks in
+fp32, rounded once at the end as the unchunked GEMM rounds it (summing bf16 chunk gradients would
+round once per chunk). The per-token arithmetic is the unchunked one (the same GEMM row, cast,
+log-softmax and its backward), which `sequence_logprobs(..., chunk_tokens=None)` keeps as the
+reference: log-probs and the hidden-state gradients are bit-identical to it in bf16, the weight
+gradient equal up to the order of its fp32 sums.
 
 Device: `Trainer(..., device=...)` moves the model (fp32 masters) there before the optimizer is built,
 so the bf16 copies, the AdamW state and the gradients live there too; batches go there with
@@ -30,7 +34,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from minite.engines.base import Completion
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
@@ -125,6 +128,49 @@ def _token_logprobs(
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
+class _CompletionLogprobs(torch.autograd.Function):
+    """(N,) fp32 log-probs of `targets` given rows (N, H) and the lm_head, `chunk` rows at a time;
+    the backward recomputes each chunk (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias, targets, chunk: int):
+        out = torch.cat(
+            [
+                _token_logprobs(rows[i : i + chunk], weight, bias, targets[i : i + chunk])
+                for i in range(0, rows.shape[0], chunk)
+            ]
+        )
+        ctx.save_for_backward(rows, weight, bias, targets)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weight, bias, targets = ctx.saved_tensors
+        need_rows, need_w, need_b = ctx.needs_input_grad[:3]
+        d_rows = torch.empty_like(rows) if need_rows else None
+        d_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        d_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for i in range(0, rows.shape[0], ctx.chunk):
+            r, t, g = rows[i : i + ctx.chunk], targets[i : i + ctx.chunk], grad[i : i + ctx.chunk]
+            logits = F.linear(r, weight, bias)
+            logp = torch.log_softmax(logits.float(), dim=-1)  # (c, V)
+            grad_logp = torch.zeros_like(logp).scatter_(1, t[:, None], g[:, None].to(logp.dtype))
+            grad_logits = torch._log_softmax_backward_data(grad_logp, logp, -1, torch.float32).to(
+                logits.dtype
+            )
+            del logp, grad_logp
+            if need_rows:
+                d_rows[i : i + ctx.chunk] = grad_logits @ weight  # F.linear's input gradient
+            if need_w:
+                d_w += grad_logits.float().T @ r.float()  # exact products of the bf16 values, fp32 sums
+            if need_b:
+                d_b += grad_logits.float().sum(0)
+        d_w = d_w.to(weight.dtype) if need_w else None
+        d_b = d_b.to(bias.dtype) if need_b else None
+        return d_rows, d_w, d_b, None, None
+
+
 @contextlib.contextmanager
 def _logprob_head(head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tensor, chunk: int):
     """For one call of the model: its lm_head maps the final hidden states (B, L, H) to the (B, T)
@@ -136,16 +182,7 @@ def _logprob_head(head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tens
         rows = hidden.gather(1, idx).reshape(b * t, -1)  # (B*T, H)
         flat = targets.reshape(-1)
         # head.weight here is what the call runs on (functional_call's bf16 copy, FSDP's gathered one)
-        weight, bias = head.weight, head.bias
-        checkpointed = torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
-        parts = []
-        for i in range(0, b * t, chunk):
-            args = (rows[i : i + chunk], weight, bias, flat[i : i + chunk])
-            if checkpointed:
-                parts.append(checkpoint(_token_logprobs, *args, use_reentrant=False))
-            else:
-                parts.append(_token_logprobs(*args))
-        return torch.cat(parts).view(b, t) if parts else rows.new_zeros((b, t), dtype=torch.float32)
+        return _CompletionLogprobs.apply(rows, head.weight, head.bias, flat, chunk).view(b, t)
 
     if not isinstance(head, nn.Linear):
         raise TypeError(f"chunked log-probs need an nn.Linear lm_head, got {type(head).__name__}")

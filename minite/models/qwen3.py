@@ -69,7 +69,7 @@ TOKENIZER_SHA256 = {
     "tokenizer_config.json": "bbc2c089e3bef8753f63348c10595767be8998bc6ca7c7ebcaada346d401fba8",
     "merges.txt": "8831e4f1a044471340f7c0a83d7bd71306a5b867e95fd870f74d0c5308a904d5",
 }
-_TEXT_FILES = ("merges.txt", "tokenizer_config.json")  # copied with "\r\n" -> "\n"
+_TEXT_FILES = ("merges.txt", "tokenizer_config.json")  # copied with "\r\n" -> "\n" (any source)
 
 
 def qwen3_config(**overrides: Any) -> Qwen3MoeConfig:
@@ -135,7 +135,7 @@ def copy_tokenizer(src: str | Path | None, out_dir: str | Path, *, verify: bool 
         if not f.is_file():
             continue
         data = f.read_bytes()
-        if packaged and name in _TEXT_FILES:
+        if name in _TEXT_FILES:
             data = data.replace(b"\r\n", b"\n")
         if verify and name in TOKENIZER_SHA256 and _sha256(data) != TOKENIZER_SHA256[name]:
             raise ConfigError(

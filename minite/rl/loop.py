@@ -17,8 +17,9 @@ end-of-turn token in either sampler, and completions are scored by the reward of
 Per step it appends one JSON line to `<out_dir>/metrics.jsonl`: reward, response length, the DESIGN.md
 mismatch metrics between the trainer's recompute and the sampler's log-probs (prefixed `mismatch/`),
 the loss statistics (`train/`), the reward's accuracy and its ungradable completions (`reward/acc`,
-`reward/no_answer`, `reward/errors`), the process's peak memory so far (`mem/peak_rss_mib`, and
-`mem/cuda_peak_mib` on a GPU), and periodically the greedy eval accuracy (`eval/accuracy`).
+`reward/no_answer`, `reward/errors`), and periodically the greedy eval accuracy (`eval/accuracy`).
+The process's peak memory after each step (resident set; on a GPU also the device's peak allocation)
+goes to `<out_dir>/memory.json`, apart from the metrics, which must be reproducible.
 """
 
 from __future__ import annotations
@@ -529,9 +530,9 @@ def peak_memory_mib(device: torch.device) -> dict[str, float]:
     """The process's peak resident memory so far (and the device's peak allocation on CUDA), MiB."""
     import resource
 
-    out = {"mem/peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
+    out = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
     if device.type == "cuda":
-        out["mem/cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        out["cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     return out
 
 
@@ -585,6 +586,7 @@ def _save_checkpoint(path: Path, trainer: Trainer, state: dict[str, Any]) -> Non
 
 
 INITIAL_EVAL_FILE = "eval_initial.json"
+MEMORY_FILE = "memory.json"
 
 
 def train(
@@ -643,6 +645,7 @@ def train(
         acc0 = evaluate_accuracy(cfg, sampler, tokenizer, eval_set)
         initial_path.write_text(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
     steps_done, stopped_early = start, False
+    memory: list[dict[str, float]] = []
     bar = tqdm(
         range(start, cfg.steps),
         desc=f"GRPO {recipe.name} seed {cfg.seed}",
@@ -699,7 +702,6 @@ def train(
                 **reward_stats,
                 **{f"mismatch/{k}": v for k, v in gap.items()},
                 **{f"train/{k}": v for k, v in stats.items()},
-                **peak_memory_mib(device),
             }
             is_last = step + 1 == cfg.steps
             # with a time limit: stop when another step as long as this one would overrun it
@@ -715,6 +717,8 @@ def train(
             if bad and any(k.startswith("train/") for k in bad):
                 raise FloatingPointError(f"step {step}: non-finite {bad}")
             _append_jsonl(metrics_path, record)
+            memory.append({"step": step, **peak_memory_mib(device)})
+            (out / MEMORY_FILE).write_text(json.dumps(memory, indent=1) + "\n")
             if log_fn is not None:
                 log_fn(record)
             if is_last or (step + 1) % cfg.checkpoint_every == 0:

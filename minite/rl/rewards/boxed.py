@@ -6,10 +6,10 @@ answers into sympy and compares them as mathematical objects, so `0.875`, `7/8`,
 the way verl's `math_verify` reward does it: wrapped in `\boxed{}` and parsed as LaTeX.
 
 Score 1.0 for a correct answer, 0.0 otherwise. Nothing raises: no `\boxed{}`, an unbalanced one, or an
-answer math-verify cannot parse or compare in time (a 5,000-digit number is past Python's int-from-str
-limit) all score 0.0; `Score.no_answer` / `Score.error` say which. math-verify bounds each parse and
-comparison with `signal.alarm` (seconds below), which works in the main thread only; elsewhere its
-timeouts are off.
+answer math-verify cannot parse or compare in time all score 0.0; `Score.no_answer` / `Score.error`
+say which (a 5,000-digit integer is parsed and compared like any other). math-verify bounds each
+parse and comparison with `signal.alarm` (seconds below), which works in the main thread only;
+elsewhere its timeouts are off.
 """
 
 from __future__ import annotations
