@@ -90,6 +90,13 @@ def task_configs(
     return out
 
 
+def _context(sample: dict[str, Any]) -> str | None:
+    """The prompt text lm-eval sent for a logged sample (its first request's context)."""
+    args = sample.get("arguments") or []
+    first = args[0] if args else None
+    return first[0] if isinstance(first, list | tuple) and first and isinstance(first[0], str) else None
+
+
 def _summarize(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """{task: {metric: value, metric_stderr: value}} from lm-eval's "results" block."""
     summary: dict[str, dict[str, float]] = {}
@@ -151,6 +158,7 @@ def run_lm_eval(
         samples[task] = [
             {
                 "doc": s.get("doc"),
+                "prompt": _context(s),
                 "target": s.get("target"),
                 "response": (s.get("filtered_resps") or [None])[0],
                 **{k: s[k] for k in ("exact_match", "math_verify") if k in s},
