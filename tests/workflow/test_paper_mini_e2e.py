@@ -42,7 +42,8 @@ def test_one_rl_step_per_recipe_with_vllm(tmp_path):
         assert json.loads((out / "config.json").read_text())["sampler"]["engine"] == "vllm"
         assert rows[r]["reward/errors"] == 0.0 and "reward/no_answer" in rows[r]
     for r, row in rows.items():
-        gap = f"|dlogp| mean {row['mismatch/logp_abs_diff_mean']:.3e} max {row['mismatch/logp_abs_diff_max']:.3e}"
+        mean, top = row["mismatch/logp_abs_diff_mean"], row["mismatch/logp_abs_diff_max"]
+        gap = f"|dlogp| mean {mean:.3e} max {top:.3e}"
         print(
             f"\n{r}: {gap}, bitwise-equal tokens {row['mismatch/bitwise_equal_frac']:.3f}, "
             f"step {row['time/step_s']:.0f} s, peak RSS {row['peak_rss_mib']:.0f} MiB"
