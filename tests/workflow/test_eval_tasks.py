@@ -67,7 +67,7 @@ def test_paper_profiles_point_lm_evals_math_tasks_at_the_right_splits():
     specs = {t["name"]: t for t in load_profile("paper")["eval"]["tasks"]}
     tm = task_manager(list(specs.values()))
     for name, spec in specs.items():
-        split = load_yaml(tm.task_index[name].yaml_path, resolve_func=False)["test_split"]  # includes resolved
+        split = load_yaml(tm.task_index[name].yaml_path, resolve_func=False)["test_split"]  # after include
         assert list(spec["data_files"]) == [split], name
     mini = {t["name"]: t["data_files"] for t in load_profile("paper-mini")["eval"]["tasks"]}
     prep = "results/paper-mini/prepare/eval"
