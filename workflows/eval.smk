@@ -18,9 +18,13 @@ def _eval_args():
         args += f" --enable-thinking {'true' if thinking else 'false'}"
     if ev.get("fewshot_as_multiturn") is False:
         args += " --no-fewshot-multiturn"
+    sampler = (config.get("rl") or {}).get("sampler") or {}
+    context = ev.get("max_model_len") or sampler.get("max_model_len")
+    if context:
+        args += f" --max-model-len {context}"
     frac = ev.get("gpu_memory_utilization")
     if frac is None:
-        frac = ((config.get("rl") or {}).get("sampler") or {}).get("gpu_memory_utilization")
+        frac = sampler.get("gpu_memory_utilization")
     if frac is not None:
         args += f" --gpu-memory-utilization {frac}"
     if ev.get("gen_kwargs"):

@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
         "--gen-kwargs", help="JSON merged into every task's generation_kwargs, e.g. '{\"max_gen_toks\": 32}'"
     )
     p.add_argument(
+        "--max-model-len", type=int, help="the sampler's context (prompt + generation); default the run's"
+    )
+    p.add_argument(
         "--gpu-memory-utilization",
         type=float,
         help="vLLM's memory share (fraction of the GPU; on CPU of the node's memory); default the run's",
@@ -113,6 +116,8 @@ def main(argv: list[str]) -> int:
             model_args["engine"] = args.engine
         if args.max_gen_toks:
             model_args["max_gen_toks"] = args.max_gen_toks
+        if args.max_model_len:
+            model_args["max_model_len"] = args.max_model_len
         if args.gpu_memory_utilization is not None:
             model_args["gpu_memory_utilization"] = args.gpu_memory_utilization
         if args.enable_thinking:
