@@ -77,8 +77,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
+        from minite.configuration import from_dict
         from minite.diagnostics.report import write_report
         from minite.diagnostics.run import DiagnoseConfig, diagnose
+        from minite.rl.prompts import PromptConfig
+        from minite.rl.rewards import RewardConfig
         from minite.tracking import run_identity
 
         rc: dict[str, Any] = {}
@@ -113,6 +116,9 @@ def main(argv: list[str]) -> int:
             trace_sequences=args.trace_sequences,
             attribution=not args.no_attribution,
             attribution_engine=args.attribution_engine,
+            prompt=from_dict(PromptConfig, rc.get("prompt") or {}, where="the run's prompt"),
+            reward=from_dict(RewardConfig, rc.get("reward") or {}, where="the run's reward"),
+            gpu_memory_utilization=sampler_cfg.get("gpu_memory_utilization"),
         )
         d = diagnose(cfg)
         d.update(run_identity(str(recipe)), seed=seed, run_dir=str(run_dir) if run_dir else None)
