@@ -103,13 +103,20 @@ def main() -> None:
         "Command: `VLLM_CPU_KVCACHE_SPACE=1 /usr/bin/time -v snakemake --cores 2 --config "
         f"profile=paper-mini` from an empty working directory; code commit `{args.commit}`.",
         "",
-        f"- whole run: wall {t.get('wall', 'n/a')} (h:mm:ss), exit status {t.get('exit', 'n/a')}; "
+        f"- whole run: wall {t.get('wall', 'n/a')} (h:mm:ss), exit status {t.get('exit', 'n/a')}, largest "
+        f"process RSS {int(t.get('max_rss_kb', 0)) / 1024:.0f} MiB (`time -v`: Snakemake or one job); "
         f"{len(bench)} jobs, their summed wall time {sum(b[1] for b in bench) / 60:.1f} min (two at a "
         f"time); largest job peak RSS {max((b[2] for b in bench), default=0):.0f} MiB",
         f"- model: {prep.get('n_params', 0) / 1e6:.1f} M parameters (Qwen3-30B-A3B's config with "
         f"{prep.get('model_overrides')}), vocab 151,936, Qwen3's tokenizer "
         f"({prep.get('tokenizer_size')} tokens); {prep.get('n_train')} train / {prep.get('n_eval')} eval "
         f"word problems (train: verl parquet, data_source {sources}; eval: MATH-500 schema)",
+        "",
+        "Stages: prepare (model + Qwen3 tokenizer + word problems in verl parquet / MATH-500 / AIME files), "
+        "RL x {bf16, te_nvfp4, minite} with the vLLM sampler (3 GRPO steps of 2 prompts x 4 samples, 32 "
+        "new tokens, chat template, math_dapo), lm-eval's aime24 / aime25 / minerva_math500 on 4 rows "
+        "each through the chat template (every run with its recipe's vLLM sampler, the base model with "
+        "the built-in one), diagnose (vLLM), learner and rollout throughput, figures, paper.",
         "",
         "## RL, per recipe (seed 0, vLLM sampler)",
         "",
