@@ -11,8 +11,6 @@ import pytest
 from minite.rl.rewards.base import last_boxed
 from minite.rl.rewards.boxed import compute_score
 
-pytest.importorskip("math_verify")
-
 ROWS = [
     # (completion, ground truth, expected score)
     ("so \\boxed{0.875}", "\\frac{7}{8}", 1.0),
