@@ -85,8 +85,11 @@ def main(argv: list[str]) -> int:
 
     def go() -> int:
         from minite.commands.eval import check_share
+        from minite.configuration import from_dict
         from minite.diagnostics.report import write_report
         from minite.diagnostics.run import DiagnoseConfig, diagnose
+        from minite.rl.prompts import PromptConfig
+        from minite.rl.rewards import RewardConfig
         from minite.tracking import job_run, run_identity, write_run_ref
 
         rc: dict[str, Any] = {}
@@ -121,6 +124,8 @@ def main(argv: list[str]) -> int:
             trace_sequences=args.trace_sequences,
             attribution=not args.no_attribution,
             attribution_engine=args.attribution_engine,
+            prompt=from_dict(PromptConfig, rc.get("prompt") or {}, where="the run's prompt"),
+            reward=from_dict(RewardConfig, rc.get("reward") or {}, where="the run's reward"),
             gpu_memory_utilization=(
                 check_share(args.gpu_memory_utilization)
                 if args.gpu_memory_utilization is not None

@@ -6,6 +6,11 @@ r"""`minite eval`: lm-eval on a finished RL run (or the base model) with the run
 `--base` evaluates the base model instead (recipe bf16 unless --recipe says otherwise). `--tasks`
 takes comma-separated lm-eval task names or a JSON list of {name, data_files, ...} specs (a profile's
 `eval.tasks`). Runs offline: datasets come from local files only.
+
+`--chat-template` renders every prompt with the checkpoint's chat template (lm-eval's
+apply_chat_template; few-shot examples as turns unless --no-fewshot-multiturn); the default follows the
+run (its rl.prompt.format is chat), plain for --base. `--enable-thinking true|false` is passed to the
+template (default: the run's rl.prompt.enable_thinking).
 """
 
 from __future__ import annotations
@@ -43,6 +48,18 @@ def parse_tasks(text: str) -> list:
     return tasks
 
 
+def _gen_kwargs(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--gen-kwargs: not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"--gen-kwargs: a JSON object expected, got {value!r}")
+    return value
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -72,6 +89,26 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-gen-toks", type=int, help="default generation cap for tasks without one")
     p.add_argument("--seed", type=int, default=0, help="lm-eval seeds (the run's seed is in its config)")
+    p.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render prompts with the chat template (default: as the run's rl.prompt.format; off for --base)",
+    )
+    p.add_argument("--enable-thinking", choices=["true", "false"], help="the chat template's switch")
+    p.add_argument("--no-fewshot-multiturn", action="store_true", help="few-shot examples in one user turn")
+    p.add_argument("--system-instruction", help="a system message before every prompt (chat template)")
+    p.add_argument(
+        "--gen-kwargs", help="JSON merged into every task's generation_kwargs, e.g. '{\"max_gen_toks\": 32}'"
+    )
+    p.add_argument(
+        "--max-model-len", type=int, help="the sampler's context (prompt + generation); default the run's"
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share (fraction of the GPU; on CPU of the node's memory); default the run's",
+    )
     p.add_argument("--mlflow-experiment", help="log the eval as an MLflow run in this experiment")
     p.add_argument("--mlflow-run-name")
     args = p.parse_args(argv)
@@ -100,8 +137,15 @@ def main(argv: list[str]) -> int:
             model_args["engine"] = args.engine
         if args.max_gen_toks:
             model_args["max_gen_toks"] = args.max_gen_toks
+        if args.max_model_len:
+            model_args["max_model_len"] = args.max_model_len
         if args.gpu_memory_utilization is not None:
             model_args["gpu_memory_utilization"] = check_share(args.gpu_memory_utilization)
+        if args.enable_thinking:
+            model_args["enable_thinking"] = args.enable_thinking == "true"
+        chat = args.chat_template
+        if chat is None:
+            chat = (cfg.get("prompt") or {}).get("format") == "chat"
         engine = args.engine or cfg.get("sampler", {}).get("engine", "builtin")
         job_cm = contextlib.nullcontext()
         if args.mlflow_experiment:  # the run is RUNNING while lm-eval runs
@@ -135,6 +179,10 @@ def main(argv: list[str]) -> int:
                 limit=args.limit,
                 batch_size=args.batch_size,
                 seed=args.seed,
+                chat_template=chat,
+                fewshot_as_multiturn=not args.no_fewshot_multiturn,
+                system_instruction=args.system_instruction,
+                gen_kwargs=_gen_kwargs(args.gen_kwargs),
             )
             record = {
                 "kind": "rl" if args.run else "base",

@@ -241,6 +241,7 @@ def train_distributed(
     from minite.faultinject import maybe_kill
     from minite.nn.swap import apply_numerics, set_compute_dtype
     from minite.recipes import get_recipe
+    from minite.rl.data import read_examples
     from minite.rl.grpo import group_advantages
     from minite.rl.loop import (
         SHARDED_CHECKPOINT,
@@ -253,7 +254,6 @@ def train_distributed(
         step_prompts,
         summarize_metrics,
     )
-    from minite.rl.task import load_jsonl
 
     rank, world, device = init_distributed()
     colocated = cfg.sampler.engine == "vllm"  # every rank runs a vLLM engine (module docstring)
@@ -342,16 +342,16 @@ def train_distributed(
         if not colocated:
             if rank != 0:
                 return None
-            return evaluate_accuracy(sampler, tokenizer, examples, cfg.eval.max_new_tokens)
+            return evaluate_accuracy(cfg, sampler, tokenizer, examples)
         part = examples[split(len(examples), replicas, replica)]
-        hits = round(evaluate_accuracy(sampler, tokenizer, part, cfg.eval.max_new_tokens) * len(part))
+        hits = round(evaluate_accuracy(cfg, sampler, tokenizer, part) * len(part))
         counts = [None] * world if rank == 0 else None
         dist.gather_object(hits if rank % tp == 0 else 0, counts, dst=0)
         return sum(counts) / max(1, len(examples)) if rank == 0 else None
 
     sync_weights(start)
-    train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")
-    eval_set = load_jsonl(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
+    train_set = read_examples(Path(cfg.data_dir) / "train.jsonl")
+    eval_set = read_examples(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
     group = cfg.grpo.group_size
     mine = shard_rows(rows, rank, world)
     bar = tqdm(
@@ -365,12 +365,12 @@ def train_distributed(
         for step in bar:
             t0 = time.perf_counter()
             trainer.seeds.set_step(step)
-            payload = None
+            payload, reward_stats = None, {}
             exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)  # the same on every rank
             groups = sample(prompts, params)
             if rank == 0:
                 completions = [c for g in groups for c in g]
-                rewards = group_rewards(tokenizer, groups, exs)
+                rewards, reward_stats = group_rewards(cfg, tokenizer, groups, exs)
                 payload = (TokenBatch.from_completions(completions, tokenizer.pad_token_id), rewards)
             batch, rewards = _broadcast(payload)
             t_roll = time.perf_counter()
@@ -414,6 +414,7 @@ def train_distributed(
                     "time/rollout_s": t_roll - t0,
                     "time/learner_s": t_learn - t_roll,
                     "time/step_s": time.perf_counter() - t0,
+                    **reward_stats,
                     **{f"mismatch/{k}": v for k, v in gap.items()},
                     **{f"train/{k}": v for k, v in stats.items()},
                 }
