@@ -61,7 +61,8 @@ SPLIT = 1024  # keys per chunk: part of the algorithm, a multiple of BLOCK_N
 FWD_BLOCK_M, FWD_WARPS = 128, 8  # the trainer's / prefill's tile: two warpgroups of 64 rows
 DEC_BLOCK_M, DEC_WARPS = 64, 4  # the decode tile: one warpgroup, G * L <= 64 query rows of a kv head
 LOG2E = 1.4426950408889634
-LAUNCHED: dict[str, object] = {}  # the last compiled kernel of each path (registers, spills: benches)
+# the last compiled kernel of each path, the backward's too (registers, spills: benches)
+LAUNCHED: dict[str, object] = {}
 
 if HAS_TRITON:
     from ._triton import _bf16_round, _split_k_release, _split_k_ticket, _store_out
@@ -549,17 +550,11 @@ def attention_forward(
 def compiled_info() -> dict[str, dict[str, int | None]]:
     """Registers, spills and shared memory of the last launched kernel of each path (GPU only)."""
     info = {}
-    for name, k in {**LAUNCHED, **_bwd_launched()}.items():
+    for name, k in LAUNCHED.items():
         if hasattr(k, "_init_handles"):
             k._init_handles()
         info[name] = {f: getattr(k, f, None) for f in ("n_regs", "n_spills", "shared")}
     return info
-
-
-def _bwd_launched() -> dict[str, object]:
-    from .attention_bwd import LAUNCHED as bwd
-
-    return bwd
 
 
 def decode_applies(q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
-from .attention import LOG2E
-
-LAUNCHED: dict[str, object] = {}  # the last compiled kernel of each backward program (benches)
+from .attention import LAUNCHED, LOG2E
 
 if HAS_TRITON:
     from .attention import _dot, _dot_acc, _p_operand

@@ -18,7 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from minite.figures import label, load_throughput
+from minite.figures.load import load_throughput
+from minite.figures.style import label
 
 
 def _read(path: Path) -> dict[str, Any]:

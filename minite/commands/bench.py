@@ -257,12 +257,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
 def _decode_figure(report: dict, out: str) -> Path | None:
     """Beside a rollout report measured at several batch sizes: decode tokens/s and the ratio to bf16
-    against batch size (minite.figures.fig_decode_batches), as <out>.png."""
-    from minite.figures import _style, decode_rows, fig_decode_batches
+    against batch size (minite.figures.throughput.fig_decode_batches), as <out>.png."""
+    from minite.figures.style import apply_style
+    from minite.figures.throughput import decode_rows, fig_decode_batches
 
     if decode_rows(report).empty:
         return None
-    _style()
+    apply_style()
     path = Path(out)
     (png,) = fig_decode_batches(report, path.parent, ["png"], 150, "minite bench rollout", stem=path.stem)
     print(f"minite bench: wrote {png}")

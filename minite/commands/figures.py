@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        from minite.figures import build
+        from minite.figures.build import build
         from minite.tracking import job_run
 
         job_cm = contextlib.nullcontext()

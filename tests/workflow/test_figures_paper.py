@@ -131,7 +131,7 @@ def _fake_results(root: Path) -> dict:
 
 def test_figures_tables_and_report(tmp_path):
     pytest.importorskip("seaborn")
-    from minite.figures import build
+    from minite.figures.build import build
     from minite.paper import build_report
 
     res = _fake_results(tmp_path)
