@@ -352,7 +352,7 @@ if HAS_TRITON:
             hi = _dequant_half(p, s, True, ROWS, HALF_K)
         return lo, hi
 
-    # _k_order on (the shipped order). scripts/gpu/k_order_ab.py sets it to False in a process of its own to
+    # _k_order on (the shipped order). a process of its own may set it to False (before anything compiles) to
     # time the plain order; trainer and sampler must run one value (it is part of the summation order).
     K_ORDER = tl.constexpr(True)
 

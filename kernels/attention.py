@@ -31,7 +31,7 @@ Why each query's bits do not depend on the split:
   see the same layout in every path, and every dot runs the same wgmma instruction (m64, k16 steps): the
   trainer's tile is 128 query rows on 8 warps (two warpgroups, each 64 rows, the warp grid [8, 1]), the
   decode tile 64 rows (a kv head's G query heads times its queries, padded) on 4 warps ([4, 1]).
-  results/bench/decode_h200.md found wgmma tiles of any shape give the same bits and a 16-row mma.sync
+  results/bench/history/decode_h200.md found wgmma tiles of any shape give the same bits and a 16-row mma.sync
   tile does not: no path here may take a tile under 64 rows, or 8 warps over 64 rows.
 - Decode spreads a long cache over programs by chunk: program (row tile, c) computes chunk c's (m, l,
   acc) and stores it; the last program of the tile to finish (a ticket: the split-K helpers of
@@ -73,7 +73,7 @@ if HAS_TRITON:
         and whose numpy fp32 matmul sums a row in an order that depends on its place in the tile) in
         float64, rounded once: products of 16-bit numbers are exact there and their sum exact for any
         realistic spread, so the interpreter's result does not depend on the tile, as the GPU's wgmma
-        does not (results/bench/decode_h200.md)."""
+        does not (results/bench/history/decode_h200.md)."""
         if INTERP:
             return tl.dot(
                 a.to(tl.float64), b.to(tl.float64), input_precision="ieee", out_dtype=tl.float64

@@ -123,7 +123,7 @@ class GemmConfig:
 DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
 # 17-64 rows: the tiles along N alone leave most SMs idle (N / 128 programs, 4 at N = 512), so K is split
 # as in the batch-invariant config. H200, M = 64, this tile with split <= 4: 13.1 / 10.0 / 14.5 us at N x K
-# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/decode_h200.md), where the unsplit 64x128 tile took
+# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/history/decode_h200.md), where the unsplit 64x128 tile took
 # 32.5 us on average over the te_nvfp4 sampler's q/k/v/o projections at batch 64 (same file).
 SMALL_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # M=N=K=8192 fused: 3.28 ms = 335 TFLOP/s (0.47x cuBLAS); 128x256x128 w8 s4 3.29 ms, 256x128x128
@@ -132,19 +132,19 @@ LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # One tile for every M, and a wgmma one: on the H200 the tiles of one K step that run wgmma (BLOCK_M >= 64)
 # give the same bits whatever their shape, but a 16- or 32-row tile runs mma.sync, which rounds inside
 # the MMA differently: on inputs whose block magnitudes spread over 10^±3, 33-89 % of its outputs differ
-# (scripts/gpu/tile_bits.py, results/bench/decode_h200.md). A 16-row tile at decode (8.6 against 10.5 us
+# (scripts/gpu/tile_bits.py, results/bench/history/decode_h200.md). A 16-row tile at decode (8.6 against 10.5 us
 # at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
 BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # Its few-row (decode) twin: the product transposed (swap_ab), the weights on the wgmma's 64-row side and
 # up to 16 activation rows on its N side; still wgmma with the same K ranges, so the same bits. H200, us a
 # call at M = 1 for N x K = 4096x2048 / 512x2048 / 2048x4096, with the K-order permutation of
 # _triton._k_order: 7.7 / 7.2 / 10.6 against 12.8 / 7.2 / 13.8 for the 64x64 tile (cuBLAS bf16 5.7 / 5.4 /
-# 8.4; scripts/gpu/decode_configs.py, results/bench/decode_h200.md session 16).
+# 8.4; scripts/gpu/decode_configs.py, results/bench/history/decode_h200.md).
 BATCH_INVARIANT_FEW_ROWS_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
 # M <= 16: the decode kernel (decode.py) from this many weights, the fused DECODE_CONFIG path below.
-# H200, CUDA graph, us at M = 1 / 16 (results/bench/kernels_h200_s17.json, 2026-12-01): N=K=4096 decode
+# H200, CUDA graph, us at M = 1 / 16 (results/bench/kernels_h200.json, 2026-12-01): N=K=4096 decode
 # kernel 15.9 / 14.0, fused split-4 path 19.7 / 20.2; N=K=8192 decode kernel 34.1 / 29.8, fused 61.2 /
 # 63.2. (On 2026-11-30 the fused path had been the faster at 4096: 13.74 / 14.00 against 15.74 / 13.85.)
 # Both are deterministic and independent of M. Smaller weights were not timed against each other.

@@ -656,7 +656,7 @@ def _fast_tile(nb: int, single_row_tile: bool, glu: bool = False) -> tuple[int, 
     8 (up to 16 at the widest rows), since every element then costs an expf and a correctly rounded
     division, and more programs (one row each at decode widths). H200, decode batch 1: with the plain
     tile the two silu_glu quantizes of a step (8 rows of 768, one program) took ~7.6 us each against
-    2.6 us for a plain quantize (from results/bench/profile_decode_h200_s18b.txt: 8 launches 30.7 us
+    2.6 us for a plain quantize (from results/bench/profile_decode_h200.txt: 8 launches 30.7 us
     against 20.7 before silu_glu).
 
     H200, 8192x8192 bf16, CUDA graph (results/bench/kernels_h200.json): a whole row (512 blocks) with

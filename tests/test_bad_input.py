@@ -1,4 +1,4 @@
-"""Bad input fails in seconds, before any compute, and says what to fix (issue 10).
+"""Bad input fails in seconds, before any compute, and says what to fix.
 
 Every row of CASES feeds one mistake a user can make to the entry point that user hits: a `minite` CLI
 verb run in-process through `minite.cli.main` (exit code 2, one line on stderr, no traceback), or the

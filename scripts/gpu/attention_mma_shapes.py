@@ -1,7 +1,7 @@
 """Compile every path of the fixed attention core for sm_90 (H100/H200) without a GPU and read the PTX:
 which MMA instructions each path issues, and the registers / stack (spills) ptxas reports. The bits of a
 query do not follow the path only if every forward and decode path runs the same wgmma instruction shapes
-and none an mma.sync (results/bench/decode_h200.md); exit 1 otherwise.
+and none an mma.sync (results/bench/history/decode_h200.md); exit 1 otherwise.
 
     python scripts/gpu/attention_mma_shapes.py   # no GPU needed: Triton's CUDA backend ships ptxas
 """

@@ -5,7 +5,7 @@ Qwen3-30B-A3B shapes: grouped experts (128 experts, top-8; gate_up N=1536 K=2048
 at decode batches, against the shipped GROUPED_CONFIG and torch._grouped_mm bf16; dense projections
 against BATCH_INVARIANT_CONFIG and cuBLAS bf16 (the attention core: `minite bench attention`). Every time is a
 CUDA graph of 20 calls, the median replay (minite.bench.timing.bench_graph; the
-2026-11-30 numbers in results/bench/decode_h200.md came from this script's own copy of that timer,
+2026-11-30 numbers in results/bench/history/decode_h200.md came from this script's own copy of that timer,
 the median of 5 event-timed replays).
 
     python3 scripts/gpu/decode_configs.py

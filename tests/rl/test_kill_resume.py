@@ -1,5 +1,5 @@
 """Process faults: `minite train` killed with SIGKILL, then `minite train --resume`, ends exactly where an
-uninterrupted run with the same seed ends (issue 10).
+uninterrupted run with the same seed ends.
 
 The kills are real: MINITE_FAULT_INJECT (minite/faultinject.py) makes the `minite train` subprocess
 send itself SIGKILL at a named point of the code (mid-step, inside a checkpoint write, between the

@@ -1,14 +1,14 @@
-"""Issue 6 sweep on one GPU: the 1x16 quantize kernel's tiles at 8192x8192 and the grouped W4A4 GEMM's
+"""Tile sweeps on one GPU: the 1x16 quantize kernel's tiles at 8192x8192 and the grouped W4A4 GEMM's
 tiles at Qwen3-30B-A3B expert shapes, each against a baseline timed in the same process (device copy of
 the same bytes; torch._grouped_mm bf16), and each checked against the shipped path's output on the same
 inputs (bytes for the quantize; bits for the GEMM, since wgmma tiles of one BLOCK_K agree).
 
-    python scripts/gpu/issue6_sweep.py [--only quantize|grouped] [--json out.json]
+    python scripts/gpu/kernel_sweep.py [--only quantize|grouped] [--json out.json]
 
-Session 19 also timed quantize variants that are no longer in the code, from commits 821442c (a second
+The sweeps of 2026-12-01 also timed quantize variants that are no longer in the code, from commits 821442c (a second
 read of the tile instead of holding it in registers, a register cap) and da48b3f (persistent programs
 whose row-tile loop Triton pipelines through shared memory): all slower than the shipped kernel
-(results/bench/issue6_sweep_h200.md).
+(results/bench/history/kernel_sweeps_h200.md).
 """
 
 from __future__ import annotations
