@@ -123,8 +123,8 @@ class GemmConfig:
 DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
 # 17-64 rows: the tiles along N alone leave most SMs idle (N / 128 programs, 4 at N = 512), so K is split
 # as in the batch-invariant config. H200, M = 64, this tile with split <= 4: 13.1 / 10.0 / 14.5 us at N x K
-# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/history/decode_h200.md), where the unsplit 64x128 tile took
-# 32.5 us on average over the te_nvfp4 sampler's q/k/v/o projections at batch 64 (same file).
+# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/history/decode_h200.md), where the unsplit 64x128
+# tile took 32.5 us on average over the te_nvfp4 sampler's q/k/v/o projections at batch 64 (same file).
 SMALL_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # M=N=K=8192 fused: 3.28 ms = 335 TFLOP/s (0.47x cuBLAS); 128x256x128 w8 s4 3.29 ms, 256x128x128
 # 3.87 ms, s2 3.50 ms, group_m=16 3.18 ms. method="cublas" (the default at this size) 1.64 ms.
@@ -132,8 +132,8 @@ LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # One tile for every M, and a wgmma one: on the H200 the tiles of one K step that run wgmma (BLOCK_M >= 64)
 # give the same bits whatever their shape, but a 16- or 32-row tile runs mma.sync, which rounds inside
 # the MMA differently: on inputs whose block magnitudes spread over 10^±3, 33-89 % of its outputs differ
-# (scripts/gpu/tile_bits.py, results/bench/history/decode_h200.md). A 16-row tile at decode (8.6 against 10.5 us
-# at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
+# (scripts/gpu/tile_bits.py, results/bench/history/decode_h200.md). A 16-row tile at decode (8.6 against
+# 10.5 us at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
 BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # Its few-row (decode) twin: the product transposed (swap_ab), the weights on the wgmma's 64-row side and
 # up to 16 activation rows on its N side; still wgmma with the same K ranges, so the same bits. H200, us a

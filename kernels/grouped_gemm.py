@@ -40,12 +40,14 @@ if HAS_TRITON:
 # The previous many-rows tile, now the reference tile of the bit-equality tests and the benchmark's
 # "previous default" row. H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227
 # TFLOP/s, down 0.48 ms (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms,
-# 128x256x64 1.08 ms (results/bench/kernels_h200.json); what bounds it: results/bench/history/kernel_sweeps_h200.md
+# 128x256x64 1.08 ms (results/bench/kernels_h200.json); what bounds it:
+# results/bench/history/kernel_sweeps_h200.md
 GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # Many rows, short K (the experts' down projection: K = 768 at Qwen3-30B-A3B, 6 K steps a tile): a 4-warp
 # tile, two programs a SM (255 registers, 68 KB shared each), so one program's prologue and epilogue overlap
 # the other's main loop. H200, 4096 tokens top-8, down: 409.5 and 412.7 us against GROUPED_CONFIG's 437.0
-# and 433.1 in two runs, the same bits (scripts/gpu/kernel_sweep.py, results/bench/history/kernel_sweeps_h200.md).
+# and 433.1 in two runs, the same bits (scripts/gpu/kernel_sweep.py,
+# results/bench/history/kernel_sweeps_h200.md).
 GROUPED_SHORT_K_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=3)
 SHORT_K = 1024  # K up to this takes GROUPED_SHORT_K_CONFIG
 # Many rows, longer K (gate_up: K = 2048): the product transposed, 256 weight rows on the wgmma's M side
@@ -273,7 +275,8 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
 
 # program order: the N tiles of one row tile launch together (program_id(0) walks N), so a row tile's
 # packed activations are read from L2 by all its N tiles while they are hot; False: row tiles first. H200,
-# same run, same bits: gate_up 706.3 against 734.2 us, down 403.4 against 413.2 (history/kernel_sweeps_h200.md)
+# same run, same bits: gate_up 706.3 against 734.2 us, down 403.4 against 413.2
+# (results/bench/history/kernel_sweeps_h200.md)
 N_FASTEST = True
 
 

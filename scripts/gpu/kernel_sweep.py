@@ -5,10 +5,10 @@ inputs (bytes for the quantize; bits for the GEMM, since wgmma tiles of one BLOC
 
     python scripts/gpu/kernel_sweep.py [--only quantize|grouped] [--json out.json]
 
-The sweeps of 2026-12-01 also timed quantize variants that are no longer in the code, from commits 821442c (a second
-read of the tile instead of holding it in registers, a register cap) and da48b3f (persistent programs
-whose row-tile loop Triton pipelines through shared memory): all slower than the shipped kernel
-(results/bench/history/kernel_sweeps_h200.md).
+The sweeps of 2026-12-01 also timed quantize variants that are no longer in the code, from commits
+821442c (a second read of the tile instead of holding it in registers, a register cap) and da48b3f
+(persistent programs whose row-tile loop Triton pipelines through shared memory): all slower than the
+shipped kernel (results/bench/history/kernel_sweeps_h200.md).
 """
 
 from __future__ import annotations
