@@ -3,14 +3,14 @@ real lm-eval, real MLflow, checked through `mlflow server`'s REST API; then what
 after editing an ablation file, a recipe file, or an rl value (dry runs: exactly the dependent jobs).
 
 Runs in a temporary working directory with its own copies of configs/recipes and configs/ablations
-(so the test can edit them); ~3-5 minutes on 2 CPU cores.
+(so the test can edit them); ~3-5 minutes on 2 CPU cores. The run is the session fixture `miniature`
+(conftest.py), which test_slurm.py also compares its SLURM run against.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from minite.profiles import load_profile, run_names, run_seeds
-from tests.workflow.workflow_helpers import REPO, planned_jobs, snakemake
+from tests.workflow.workflow_helpers import planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 PROFILE = "test"
@@ -121,19 +121,13 @@ def _edit(path: Path, new_text: str):
     return restore
 
 
-def test_workflow_end_to_end(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    cfgs = tmp_path / "configs"
-    shutil.copytree(REPO / "configs" / "recipes", cfgs / "recipes")
-    shutil.copytree(REPO / "configs" / "ablations", cfgs / "ablations")
-    config = [f"profile={PROFILE}", f"paths={{recipes: {cfgs / 'recipes'}, ablations: {cfgs / 'ablations'}}}"]
-
-    t0 = time.time()
-    res = snakemake("--cores", "2", "--config", *config, workdir=work, timeout=1500)
-    wall = time.time() - t0
+def test_workflow_end_to_end(miniature, tmp_path):
+    # the run itself is the session fixture `miniature` (tests/workflow/conftest.py), shared with
+    # test_slurm.py, which compares the same miniature submitted to SLURM against it
+    work, cfgs, config, res = miniature.work, miniature.configs, miniature.config, miniature.result
+    assert config[0] == f"profile={PROFILE}"
     assert res.returncode == 0, res.stderr[-4000:] + _tail(work)
-    print(f"miniature workflow: {wall:.0f} s")
+    print(f"miniature workflow: {miniature.wall_s:.0f} s")
 
     cfg = load_profile(PROFILE)
     res_dir = work / "results" / PROFILE
