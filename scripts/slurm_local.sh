@@ -235,12 +235,12 @@ EOF
   cat >"$DIR/env" <<EOF
 SLURM_CONF=$CONF
 MINITE_SLURM_CONF_VIEW=$view
-$([[ $view == srun-wrapper ]] && echo "PATH=$DIR/bin:$PATH")
 MINITE_SLURM_PARTITION=$PARTITION
 MINITE_SLURM_ACCOUNT=$ACCOUNT
 MINITE_SLURM_CPUS=2
 MINITE_SLURM_MEM_MB=$mem
 EOF
+  [[ $view == srun-wrapper ]] && echo "PATH=$DIR/bin:$PATH" >>"$DIR/env"
   log "up: cluster $CLUSTER, partition $PARTITION (2 CPUs, $mem MB), account $ACCOUNT; SLURM_CONF=$CONF"
 }
 
