@@ -12,6 +12,11 @@ user's accounts, the partition's time limit, its largest node), and the key to c
 (common.smk knows whether a value came from the Snakemake profile's default-resources/set-resources
 or from the workflow profile's jobs.<stage>.<key>).
 
+`report_cancelled_jobs` works around the plugin's status polling (2.6.1 to 2.7.1, the newest): sacct
+shows a job cancelled with scancel as "CANCELLED by <uid>", a state missing from the plugin's list of
+failures, so the plugin takes the job for a running one and Snakemake waits for it forever
+(tests/workflow/test_slurm.py found it). The patch makes such states read "CANCELLED".
+
 Nothing here imports Snakemake at module level; `jobs` are Snakemake jobs (anything with `.rule.name`,
 `.wildcards_dict`, `.resources` and `.threads` that the plugin's functions accept).
 """
@@ -215,3 +220,26 @@ def refusals(
             fix = "check the resources of these rules against the cluster (sinfo, sacctmgr show assoc)"
         msgs.append(f"{head}.\n    {fix}" + (f"\n    ({facts})" if facts else ""))
     return msgs
+
+
+def report_cancelled_jobs() -> bool:
+    """Wrap the SLURM plugin's status query so that sacct's "CANCELLED by <uid>" reads "CANCELLED"
+    (a failure the plugin reports) instead of a state it does not know (which it keeps polling as
+    running, forever). Idempotent; False when the plugin has no such query to wrap."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    query = getattr(plugin, "query_job_status", None)
+    if query is None or getattr(query, "reports_cancelled", False):
+        return False
+
+    async def query_job_status(command, logger):
+        status, duration = await query(command, logger)
+        if status:
+            status = {
+                job: s.split(" by ")[0] if s.startswith("CANCELLED by") else s for job, s in status.items()
+            }
+        return status, duration
+
+    query_job_status.reports_cancelled = True
+    plugin.query_job_status = query_job_status
+    return True

@@ -218,12 +218,14 @@ def slurm_key(rule, name):
 def slurm_preflight():
     """Under the SLURM executor: every distinct sbatch request of the planned jobs, asked of the
     cluster with `sbatch --test-only` before the first submission; refusals stop the run with the
-    key to change (minite/slurm.py). Other executors, and the jobs' own Snakemake, skip it."""
+    key to change; and the plugin's status polling made to report cancelled jobs (minite/slurm.py).
+    Other executors, and the jobs' own Snakemake, skip it."""
     plugin = workflow.executor_plugin
     if plugin is None or workflow.remote_exec or plugin.name.split("-")[-1] != "slurm":
         return
-    from minite.slurm import refusals
+    from minite.slurm import refusals, report_cancelled_jobs
 
+    report_cancelled_jobs()  # else a job cancelled with scancel is waited for forever (minite/slurm.py)
     jobs = [j for j in workflow.dag.needrun_jobs() if not j.is_local]
     msgs = refusals(jobs, slurm_key, settings=workflow.executor_settings)
     if msgs:

@@ -485,7 +485,8 @@ def test_train_dist_runs_two_gloo_ranks_inside_its_allocation(slurm_run, cluster
     target = f"results/{PROFILE}/rl/{run}/seed{seed}/summary.json"
     config = [*slurm_run.config[:-1], "jobs={rl: {processes: 2, threads: 2, mem_mb: 3000, runtime: 20}}"]
     start = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
-    cmd = _snakemake_cmd(work, slurm_run.profile, config, *POLL, "--retries", "0", target)
+    args = [*POLL, "--retries", "0", "--slurm-keep-successful-logs", target]
+    cmd = _snakemake_cmd(work, slurm_run.profile, config, *args)
     bg = Background(cluster, cmd, tmp_path / "train_dist.log")
     jid, ranks, outside = None, {}, []
     deadline = time.time() + 900
@@ -521,15 +522,19 @@ def test_train_dist_runs_two_gloo_ranks_inside_its_allocation(slurm_run, cluster
     out = work / "results" / PROFILE / "rl" / run / f"seed{seed}"
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
     log = (work / "logs" / PROFILE / "rl" / run / f"seed{seed}.log").read_text()
-    assert "train-dist" in bg.output and "--nproc-per-node 2" in bg.output, bg.output[-2000:]
-    one = [
-        json.loads(x)
-        for x in (miniature.work / "results" / PROFILE / "rl" / run / f"seed{seed}" / "metrics.jsonl")
-        .read_text()
-        .splitlines()
-    ]
+    assert "minite train-dist ×2" in log, log[-2000:]
+    (slurm_log,) = (work / ".snakemake" / "slurm_logs" / "rule_rl").rglob(f"{jid}.log")
+    assert "minite.cli train-dist --nproc-per-node 2 " in slurm_log.read_text()
+    local = miniature.work / "results" / PROFILE / "rl" / run / f"seed{seed}" / "metrics.jsonl"
+    one = [json.loads(x) for x in local.read_text().splitlines()]
     two = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in two] == [r["step"] for r in one], log[-2000:]
     for a, b in zip(one, two, strict=True):
-        assert (a["reward_mean"], a["response_len_mean"]) == (b["reward_mean"], b["response_len_mean"])
-        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4, abs=1e-6)
+        assert set(a) == set(b)
+        # rollouts, rewards, eval and the trainer/sampler gap equal; the learner's sums over 2 ranks
+        # equal the one-process ones to fp32 rounding (docs/cluster.md section 5)
+        for k in a:
+            if k.startswith("train/"):
+                assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+            elif not _VARIES.match(k):
+                assert b[k] == a[k], k
