@@ -368,7 +368,7 @@ def test_every_job_is_its_own_slurm_job_with_the_resources_asked_for(slurm_run, 
     print("\n".join("|".join(r.values()) for r in rows))  # the sacct table, for the record
     completed = Counter(r["Comment"] for r in rows if r["State"] == "COMPLETED")
     # one SLURM job per job of the plan, each COMPLETED once; the only other one is the cancelled one
-    assert completed == Counter(run.planned), set(completed) ^ set(run.planned)
+    assert completed == Counter(list(run.planned)), set(completed) ^ set(run.planned)
     others = [(r["JobIDRaw"], r["Comment"], r["State"].split()[0]) for r in rows if r["State"] != "COMPLETED"]
     assert others == [(*run.cancelled, "CANCELLED")]
     for r in rows:
@@ -382,27 +382,30 @@ def test_every_job_is_its_own_slurm_job_with_the_resources_asked_for(slurm_run, 
         assert r["Timelimit"] == _hms(int(asked["runtime"])), r
         rule = r["Comment"].removeprefix("rule_").split("_wildcards_")[0]
         # the jobs table (JOBS) for rl and eval, the SLURM profile's default-resources for the rest
-        want = {"rl": ("3000M", "00:20:00"), "eval": ("2500M", "00:30:00")}.get(rule, ("8000M", "00:30:00"))
+        stage = {"eval_base": "eval"}.get(rule, rule)
+        want = {"rl": ("3000M", "00:20:00"), "eval": ("2500M", "00:30:00")}.get(stage, ("8000M", "00:30:00"))
         assert (r["ReqMem"], r["Timelimit"]) == want, r
         # its SLURM log (kept: --slurm-keep-successful-logs) says the job ran to the end
         logs = list((run.work / ".snakemake" / "slurm_logs" / f"rule_{rule}").rglob(f"{r['JobIDRaw']}.log"))
         assert len(logs) == 1 and "1 of 1 steps (100%) done" in logs[0].read_text(), r
 
 
-def test_a_cancelled_job_is_reported_failed_and_rerun_incomplete_completes_it(slurm_run):
+def test_a_cancelled_job_is_reported_failed_and_rerun_incomplete_completes_it(slurm_run, cluster):
     run = slurm_run
     jid, comment = run.cancelled
     out = run.first.output
     assert run.first_rc != 0, out[-3000:]
     assert f"SLURM-job '{jid}' failed, SLURM status is: 'CANCELLED'" in out, out[-3000:]
     assert "Error in rule rl:" in out
-    r, seed = comment.removeprefix("rule_rl_wildcards_").rsplit("_", 1)
     assert run.rerun.returncode == 0, run.rerun.stderr[-4000:]
-    # the rerun ran that RL job again (and what depends on it), nothing that had finished
-    rerun_jobs = planned_jobs(run.rerun.stdout + run.rerun.stderr)
-    assert ("rl", {"run": r, "seed": seed}) in rerun_jobs
-    assert sum(rule == "rl" for rule, _ in rerun_jobs) == 1
-    assert not any(rule in ("prepare", "run_config") for rule, _ in rerun_jobs)
+    # the rerun's SLURM jobs (its run id is their job name): that RL job again and what depends on
+    # it (its eval and diagnose, then figures and paper, which the failure had held back), nothing else
+    rerun_id = re.search(r"SLURM run ID: (\S+)", run.rerun.stderr + run.rerun.stdout).group(1)
+    rerun = sorted(r["Comment"] for r in cluster.sacct(run.start) if r["JobName"] == rerun_id)
+    wildcards = comment.removeprefix("rule_rl_wildcards_")
+    expected = [f"rule_{rule}_wildcards_{wildcards}" for rule in ("rl", "eval", "diagnose")]
+    assert rerun == sorted([*expected, "rule_figures", "rule_paper"])
+    r, seed = wildcards.rsplit("_", 1)
     metrics = run.work / "results" / PROFILE / "rl" / r / f"seed{seed}" / "metrics.jsonl"
     assert len(metrics.read_text().splitlines()) == 2  # both steps, once (the test profile: 2)
 
