@@ -562,8 +562,9 @@ if HAS_TRITON:
         the other and adds them alike (`total = 0; total += partial_s`). .cg: read the other programs'
         partials from L2, past this SM's L1."""
         total = tl.load(ws_ptr + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+        plane = tl.cast(stride_ws, tl.int64)  # s * plane passes 2^31 from M * N > 2^30 (3+ splits)
         for s in tl.static_range(1, SPLIT_K):
-            total += tl.load(ws_ptr + s * stride_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+            total += tl.load(ws_ptr + s * plane + offs, mask=wmask, other=0.0, cache_modifier=".cg")
         return total
 
     @triton.jit

@@ -21,7 +21,6 @@ import weakref
 
 import torch
 
-from minite.nn.moe import GROUPED_CACHE_ATTR
 from minite.numerics.nvfp4 import NVFP4Tensor
 
 from .grouped_gemm import WGRAD_ALIGN, nvfp4_grouped_matmul, nvfp4_grouped_wgrad
@@ -30,35 +29,11 @@ from .quantize import (
     nvfp4_quantize_grouped,
     nvfp4_quantize_segments_t,
 )
-from .routing import combine_routed, route_by_expert
+from .routing import combine_in_expert_order, combine_routed, route_by_expert, sort_by_expert
 
-
-def sort_by_expert(
-    top_k_index: torch.Tensor, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tok, slot, offsets): the (token, slot) pairs of top_k_index (T, A) sorted by expert id, tokens
-    ascending within an expert; offsets (E+1,) int64."""
-    t, a = top_k_index.shape
-    flat = top_k_index.reshape(-1).long()
-    perm = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=num_experts)
-    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return perm // a, perm % a, offsets
-
-
-def combine_in_expert_order(
-    y: torch.Tensor, tok: torch.Tensor, slot: torch.Tensor, top_k_index: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """out[t] = ((0 + y_(t, e1)) + y_(t, e2)) + ... over t's experts e1 < e2 < ..., in `dtype`."""
-    t, a = top_k_index.shape
-    rank = torch.argsort(torch.argsort(top_k_index, dim=1, stable=True), dim=1)  # slot -> ascending rank
-    buf = torch.zeros(t, a, y.shape[-1], dtype=dtype, device=y.device)
-    buf = buf.index_put((tok, rank[tok, slot]), y.to(dtype))
-    out = torch.zeros(t, y.shape[-1], dtype=dtype, device=y.device)
-    for s in range(a):
-        out = out + buf[:, s]
-    return out
+#: Where a module keeps its stacked expert weights (`_stacked_weight`); minite.nn.swap's
+#: `clear_weight_caches` drops it.
+GROUPED_CACHE_ATTR = "_minite_grouped_weights"
 
 
 def _seed(seeds) -> int | None:
@@ -227,10 +202,9 @@ def vllm_experts_forward(
 
 
 __all__ = [
+    "GROUPED_CACHE_ATTR",
     "GroupedQuantLinearFunction",
-    "combine_in_expert_order",
     "grouped_supported",
     "quant_experts_forward",
-    "sort_by_expert",
     "vllm_experts_forward",
 ]

@@ -50,6 +50,12 @@ reference (cuBLAS) may sum in another order: the spec is the CPU reference.
 Non-finite input follows the reference: NaN/Inf are dropped from every amax and their 16-block gets
 a NaN scale (byte 0x7F), so the block dequantizes to NaN. `check_finite=True` raises NonFiniteError
 (one extra reduction pass).
+
+The te flavor follows the reference's te arithmetic (Transformer Engine's reference quantizer, see
+minite.numerics.nvfp4): with RHT the rotation is rounded to the input dtype (bf16/fp16) before the
+amax (`RHT_ROUND`); NaN/Inf stay in every max (a NaN makes the scope's s_enc, block scales and
+multipliers NaN, codes 0; an Inf saturates to code 7 and its block's scale byte is 0x7F); an exact
+zero of either sign is code 0 (`_te_nibble`); amax 0 gives s_enc FLT_MAX (`_s_enc_te`).
 """
 
 from __future__ import annotations
@@ -91,6 +97,13 @@ _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _sign_mask(signs: tuple[int, ...]) -> int:
     return sum(1 << i for i, s in enumerate(signs) if s == -1)
+
+
+def _rht_round(spec: QuantSpec, dtype: torch.dtype) -> int:
+    """te with RHT rounds the rotation to the input dtype (rht.apply_rht_te): 1 bf16, 2 fp16, 0 none."""
+    if spec.flavor != "te" or not spec.rht:
+        return 0
+    return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
 
 
 if HAS_TRITON:
@@ -149,6 +162,35 @@ if HAS_TRITON:
         return tl.reshape(acc, (BLOCK_R, BLOCK_C))
 
     @triton.jit
+    def _s_enc_te(amax, F8_F4_MAX: tl.constexpr, FLOAT32_MAX: tl.constexpr, POW2: tl.constexpr):
+        """nvfp4.global_encode_scale for the te flavor (TE's reference quantizer): min(2688 / amax,
+        FLT_MAX), FLT_MAX for amax == 0 (2688 / 0 clamped), 1 for s == 0 (amax = Inf), NaN for a NaN
+        amax (written as the NaN constant torch writes, not the GPU's canonical NaN from the division)."""
+        safe = tl.where(amax == 0.0, 1.0, amax)  # (no division by zero: the interpreter would warn)
+        s = tl.minimum(tl.math.div_rn(tl.full(amax.shape, F8_F4_MAX, tl.float32), safe), FLOAT32_MAX)
+        s = tl.where(s == 0.0, 1.0, s)
+        s = tl.where(amax == 0.0, FLOAT32_MAX, s)
+        if POW2:
+            s = (s.to(tl.int32, bitcast=True) & -8388608).to(tl.float32, bitcast=True)  # 0xFF800000
+        return tl.where(amax != amax, float("nan"), s)
+
+    @triton.jit
+    def _load_f32(ptrs, mask):
+        """tl.load(...) as float32; bf16 through its bits (exact, also for subnormals, which the
+        interpreter's bf16 cast mangles; on the GPU the same bits as the cast)."""
+        v = tl.load(ptrs, mask=mask, other=0.0)
+        if v.dtype == tl.bfloat16:
+            return _bf16_to_f32(v)
+        return v.to(tl.float32)
+
+    @triton.jit
+    def _te_nibble(scaled, code):
+        """The te flavor's nibble (TE's cast_to_fp4x2): NaN is code 0, and the sign only for values
+        < 0, so an exact zero of either sign is code 0."""
+        code = tl.where(scaled != scaled, 0, code)
+        return code | tl.where(scaled < 0.0, 8, 0)
+
+    @triton.jit
     def _nvfp4_quantize_kernel(
         x_ptr,
         q_ptr,
@@ -174,6 +216,7 @@ if HAS_TRITON:
         TILE16: tl.constexpr,  # 16x16 blocks
         STOCHASTIC: tl.constexpr,
         RHT: tl.constexpr,
+        RHT_ROUND: tl.constexpr,  # te: round the rotation to the input dtype (0 no, 1 bf16, 2 fp16)
         SIGN_MASK: tl.constexpr,
         POW2: tl.constexpr,
         COLMAP: tl.constexpr,  # logical column c reads source column colmap[c] (-1: zero padding)
@@ -206,22 +249,28 @@ if HAS_TRITON:
             + rows.to(tl.int64)[:, None] * stride_xr
             + src.to(tl.int64)[None, :] * stride_xc
         )
-        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_C)
+        x = _load_f32(x_ptrs, mask)  # (BLOCK_R, BLOCK_C)
         if RHT:
             x = _rht16(x, BLOCK_R, BLOCK_C, SIGN_MASK)
+            if RHT_ROUND == 1:  # te: TE's GEMM in the input dtype rounds the rotation once to it
+                x = _bf16_round(x)
+            elif RHT_ROUND == 2:
+                x = x.to(tl.float16).to(tl.float32)
         # block amax that keeps NaN and Inf: a block holding one has a non-finite amax. Only then (rare)
         # are non-finite values replaced by 0, as the reference does, and the amax taken again.
         # The row maxima of those (needed anyway for the per-row scale and the amax pass) tell whether
         # any row of the tile holds one: a reduction over BLOCK_R values, not over the tile.
+        # te keeps them in every max, as TE's reference does.
         bamax = tl.reduce(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), 2, _max_nan)  # (BLOCK_R, NB)
         bad = (bamax != bamax) | (bamax == float("inf"))
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
-        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
-            x = tl.where(tl.abs(x) < float("inf"), x, 0.0)
-            bamax = tl.max(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), axis=2)
-            rmax = tl.max(bamax, axis=1)
+        if FLAVOR != 1:  # noqa: SIM102 (a constexpr branch around a runtime one: kept apart for Triton)
+            if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+                x = tl.where(tl.abs(x) < float("inf"), x, 0.0)
+                bamax = tl.max(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), axis=2)
+                rmax = tl.max(bamax, axis=1)
         if TILE16:
-            t = tl.max(tl.reshape(bamax, (BLOCK_R // 16, 16, NB)), axis=1)
+            t = tl.reduce(tl.reshape(bamax, (BLOCK_R // 16, 16, NB)), 1, _max_nan)
             bamax = tl.reshape(tl.broadcast_to(t[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
             tb = tl.max(tl.reshape(bad.to(tl.int32), (BLOCK_R // 16, 16, NB)), axis=1)
             bad = tl.reshape(tl.broadcast_to(tb[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB)) > 0
@@ -239,7 +288,10 @@ if HAS_TRITON:
 
         # encode scale, broadcast to (BLOCK_R, NB)
         if GS_MODE == 3:
-            s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            if FLAVOR == 1:
+                s_row = _s_enc_te(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            else:
+                s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
             tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
             s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, NB))
         elif GS_MODE == 2:
@@ -268,6 +320,9 @@ if HAS_TRITON:
             d = bs * tl.math.div_rn(one, s_enc)
             inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
             mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
+            # a NaN block amax or s_enc: TE's block scale and multiplier are NaN (codes 0)
+            mult = tl.where(v != v, float("nan"), mult)
+            bad = bad | (v != v)
         else:
             inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
             d = bs * inv_s
@@ -279,7 +334,10 @@ if HAS_TRITON:
             code = _e2m1_stochastic(tl.abs(scaled), tl.rand(seed, offs))
         else:
             code = _e2m1_rne(scaled)
-        nib = code | ((scaled.to(tl.int32, bitcast=True) >> 28) & 8)  # the sign bit, also of -0.0
+        if FLAVOR == 1:
+            nib = _te_nibble(scaled, code)
+        else:
+            nib = code | ((scaled.to(tl.int32, bitcast=True) >> 28) & 8)  # the sign bit, also of -0.0
         lo, hi = tl.split(tl.reshape(nib, (BLOCK_R, BLOCK_C // 2, 2)))
         packed = (lo | (hi << 4)).to(tl.uint8)
         qcols = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
@@ -354,7 +412,7 @@ if HAS_TRITON:
         return c0, c1, c2, c3, c4, c5, c6, c7
 
     @triton.jit
-    def _pack8(x, mult, R: tl.constexpr, NB: tl.constexpr):
+    def _pack8(x, mult, R: tl.constexpr, NB: tl.constexpr, TE: tl.constexpr):
         """Eight consecutive elements x (R, NB, 8) float32 of each block, times the block's multiplier
         -> the int32 word of their packed E2M1 nibbles (element 0 in bits 0..3).
 
@@ -363,10 +421,17 @@ if HAS_TRITON:
         formats.e2m1_encode_rne on 53M float32 values in [0, 7) and every midpoint +- 2 ulp). The sign
         is x's (the multiplier is >= 0). The float32 bits 0x4B40000c of each candidate go into a
         Horner sum of nibbles; the constant they add, sum_j 0x4B400000 << 4j (mod 2^32), comes off
-        once per word."""
-        t = tl.minimum(tl.abs(x * mult[:, :, None]), 6.0)
+        once per word. TE (the te flavor, TE's cast_to_fp4x2): a NaN value is code 0 and the sign goes
+        only to values < 0 (an exact zero of either sign is code 0)."""
+        v = x * mult[:, :, None]
+        t = tl.minimum(tl.abs(v), 6.0)
+        if TE:
+            t = tl.where(v != v, 0.0, t)
         r = tl.minimum(tl.minimum(t * 2.0 + 12582912.0, t + 12582914.0), t * 0.5 + 12582916.0)
-        nib = r.to(tl.int32, bitcast=True) | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
+        if TE:
+            nib = r.to(tl.int32, bitcast=True) | tl.where(v < 0.0, 8, 0)
+        else:
+            nib = r.to(tl.int32, bitcast=True) | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
         c0, c1, c2, c3, c4, c5, c6, c7 = _cols8(nib, R, NB)
         w = c7 * 16 + c6
         w = w * 16 + c5
@@ -442,27 +507,31 @@ if HAS_TRITON:
                 LIBDEVICE,
             )
         else:
-            x0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-            x1 = tl.load(base + 8, mask=mask, other=0.0).to(tl.float32)
+            x0 = _load_f32(base, mask)
+            x1 = _load_f32(base + 8, mask)
         if GATHER:
             x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
             x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
         bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
         bad = (bamax != bamax) | (bamax == float("inf"))
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
-        if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
-            # rare: drop non-finite values from every max, as the reference does
-            x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
-            x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
-            bamax = tl.maximum(tl.max(tl.abs(x0), axis=2), tl.max(tl.abs(x1), axis=2))
-            rmax = tl.max(bamax, axis=1)
+        if FLAVOR != 1:  # noqa: SIM102 (te keeps them, as TE's reference does; constexpr apart for Triton)
+            if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+                # rare: drop non-finite values from every max, as the reference does
+                x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
+                x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
+                bamax = tl.maximum(tl.max(tl.abs(x0), axis=2), tl.max(tl.abs(x1), axis=2))
+                rmax = tl.max(bamax, axis=1)
         brow = pid_b * R + rows
         if MODE == 1:
             n_ct = tl.num_programs(1)
             tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rmask)
             return
         if GS_MODE == 3:
-            s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            if FLAVOR == 1:
+                s_row = _s_enc_te(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            else:
+                s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
             tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
             s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
         elif GS_MODE == 1:
@@ -483,12 +552,15 @@ if HAS_TRITON:
             d = bs * tl.math.div_rn(one, s_enc)
             inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
             mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
+            # a NaN block amax or s_enc: TE's block scale and multiplier are NaN (codes 0)
+            mult = tl.where(v != v, float("nan"), mult)
+            bad = bad | (v != v)
         else:
             inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
             d = bs * inv_s
             mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
-        w0 = _pack8(x0, mult, BLOCK_R, BLOCK_NB)
-        w1 = _pack8(x1, mult, BLOCK_R, BLOCK_NB)
+        w0 = _pack8(x0, mult, BLOCK_R, BLOCK_NB, FLAVOR == 1)
+        w1 = _pack8(x1, mult, BLOCK_R, BLOCK_NB, FLAVOR == 1)
         q_ptrs = q_ptr + brow.to(tl.int64)[:, None, None] * (NB * 2) + (blocks * 2)[None, :, None]
         q_ptrs = q_ptrs + tl.arange(0, 2)[None, None, :]
         tl.store(q_ptrs, tl.join(w0, w1), mask=mask)
@@ -745,6 +817,7 @@ def _launch(
         TILE16=spec.block == "16x16",
         STOCHASTIC=spec.rounding == "stochastic",
         RHT=spec.rht,
+        RHT_ROUND=_rht_round(spec, prob.x.dtype),
         SIGN_MASK=_sign_mask(spec.rht_signs),
         POW2=spec.pow2_global,
         COLMAP=colmap is not None,

@@ -6,7 +6,7 @@ At decode the grouped GEMMs are only part of an MoE layer's kernels: torch's ver
 each 1-3 us inside a CUDA graph. Here:
 
 - `route_by_expert(top_k_index, E)` -> (tok, inv, offsets): the (token, slot) pairs sorted stably by
-  expert, as `minite.kernels.moe.sort_by_expert` orders them (experts ascending, tokens ascending within
+  expert, as `sort_by_expert` (below) orders them (experts ascending, tokens ascending within
   an expert); `tok[r]` is row r's token, `inv[t * A + s]` the row of (t, s), offsets (E + 1,) int32.
   One program sorts keys (expert << log2 N) | flat index (unique, so any sort is the stable one) and
   counts the experts with a histogram. Up to `ROUTE_MAX_PAIRS` pairs; beyond that (prefill, training)
@@ -186,6 +186,34 @@ def combine_routed(
     return out
 
 
+def sort_by_expert(
+    top_k_index: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tok, slot, offsets): the (token, slot) pairs of top_k_index (T, A) sorted by expert id, tokens
+    ascending within an expert; offsets (E+1,) int64."""
+    t, a = top_k_index.shape
+    flat = top_k_index.reshape(-1).long()
+    perm = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return perm // a, perm % a, offsets
+
+
+def combine_in_expert_order(
+    y: torch.Tensor, tok: torch.Tensor, slot: torch.Tensor, top_k_index: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """out[t] = ((0 + y_(t, e1)) + y_(t, e2)) + ... over t's experts e1 < e2 < ..., in `dtype`."""
+    t, a = top_k_index.shape
+    rank = torch.argsort(torch.argsort(top_k_index, dim=1, stable=True), dim=1)  # slot -> ascending rank
+    buf = torch.zeros(t, a, y.shape[-1], dtype=dtype, device=y.device)
+    buf = buf.index_put((tok, rank[tok, slot]), y.to(dtype))
+    out = torch.zeros(t, y.shape[-1], dtype=dtype, device=y.device)
+    for s in range(a):
+        out = out + buf[:, s]
+    return out
+
+
 def combine_routed_ref(
     y: torch.Tensor,
     inv: torch.Tensor,
@@ -194,8 +222,6 @@ def combine_routed_ref(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """`combine_routed` in torch ops: the sampler's combine as minite.nn.moe wrote it before the kernel."""
-    from .moe import combine_in_expert_order
-
     t, a = top_k_index.shape
     perm = torch.empty_like(inv, dtype=torch.long)
     perm[inv.long()] = torch.arange(inv.numel(), device=inv.device)
@@ -206,8 +232,10 @@ def combine_routed_ref(
 
 __all__ = [
     "ROUTE_MAX_PAIRS",
+    "combine_in_expert_order",
     "combine_routed",
     "combine_routed_ref",
     "route_by_expert",
     "route_by_expert_ref",
+    "sort_by_expert",
 ]

@@ -39,3 +39,7 @@ def tiny_model():
 
     torch.manual_seed(0)
     return build_tiny_model(seed=0)
+
+
+# a real `mlflow server` shared by the tracking tests (started on first use; tests/mlflow_server.py)
+from tests.mlflow_server import mlflow_server  # noqa: E402, F401

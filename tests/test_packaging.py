@@ -12,9 +12,9 @@ def _declared() -> set[str]:
 
 
 def test_every_subpackage_is_declared():
-    found = {
-        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minite").rglob("__init__.py")
-    } | {"minite.kernels"}
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minite").rglob("__init__.py")} | {
+        "minite.kernels"
+    }
     assert found == _declared()
 
 

@@ -18,8 +18,11 @@ BENCH = f"{RES}/benchmarks"  # one Snakemake benchmark record per job (the paper
 PREP = f"{RES}/prepare"
 EXPERIMENT = P.experiment_name(config)
 
-# Jobs inherit the MLflow store and run offline. MLFLOW_TRACKING_URI from the environment wins, then
-# the profile's mlflow.tracking_uri, then sqlite:///<workdir>/results/<profile>/mlflow.db.
+# Where jobs log (workflows/tracking.smk): MLFLOW_TRACKING_URI from the environment, else the profile's
+# mlflow.tracking_uri (USER_TRACKING_URI: used as given); else the `mlflow server` that onstart starts
+# over sqlite:///<workdir>/results/<profile>/mlflow.db, which jobs write directly (file lock) only
+# where no server runs (--no-hooks; jobs on other hosts).
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI") or (config.get("mlflow") or {}).get("tracking_uri")
 os.environ["MLFLOW_TRACKING_URI"] = P.tracking_uri(config)
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
@@ -233,7 +236,3 @@ def slurm_preflight():
             f"SLURM would refuse {len(msgs)} kind(s) of job; nothing was submitted.\n  "
             + "\n  ".join(m.replace("\n", "\n  ") for m in msgs)
         )
-
-
-onstart:
-    slurm_preflight()

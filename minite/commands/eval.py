@@ -11,6 +11,7 @@ takes comma-separated lm-eval task names or a JSON list of {name, data_files, ..
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> int:
     def go() -> int:
         from minite.evals.harness import run_lm_eval
         from minite.runs import read_run_config
-        from minite.tracking import log_run, run_identity
+        from minite.tracking import job_run, run_identity
 
         tasks = parse_tasks(args.tasks)
         model_args: dict = {"model_dir": args.model_dir}
@@ -79,34 +80,14 @@ def main(argv: list[str]) -> int:
             model_args["engine"] = args.engine
         if args.max_gen_toks:
             model_args["max_gen_toks"] = args.max_gen_toks
-        result = run_lm_eval(
-            model_args,
-            tasks,
-            data_dir=args.data_dir,
-            limit=args.limit,
-            batch_size=args.batch_size,
-            seed=args.seed,
-        )
         engine = args.engine or cfg.get("sampler", {}).get("engine", "builtin")
-        record = {
-            "kind": "rl" if args.run else "base",
-            **ident,
-            "seed": seed,
-            "engine": engine,
-            "run_dir": args.run,
-            "model_dir": args.model_dir,
-            "task_specs": tasks,
-            **result,
-        }
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2, default=str) + "\n")
-        if args.mlflow_experiment:
-            metrics = {f"{t}/{m}": v for t, row in result["tasks"].items() for m, v in row.items()}
-            ref = log_run(
+        job_cm = contextlib.nullcontext()
+        if args.mlflow_experiment:  # the run is RUNNING while lm-eval runs
+            job_cm = job_run(
                 experiment=args.mlflow_experiment,
                 stage="eval",
                 run=ident["run"],
+                verb="minite eval",
                 seed=seed,
                 recipe=ident["recipe"],
                 ablation=None if ident["ablation"] == "none" else ident["ablation"],
@@ -120,11 +101,36 @@ def main(argv: list[str]) -> int:
                     },
                     "run_config": cfg,
                 },
-                metrics=metrics,
-                artifacts=[out],
+                datasets=[(Path(args.data_dir) / "eval.jsonl", "evaluation")] if args.data_dir else [],
                 run_name=args.mlflow_run_name,
             )
-            record["mlflow"] = ref
+        with job_cm as job:
+            result = run_lm_eval(
+                model_args,
+                tasks,
+                data_dir=args.data_dir,
+                limit=args.limit,
+                batch_size=args.batch_size,
+                seed=args.seed,
+            )
+            record = {
+                "kind": "rl" if args.run else "base",
+                **ident,
+                "seed": seed,
+                "engine": engine,
+                "run_dir": args.run,
+                "model_dir": args.model_dir,
+                "task_specs": tasks,
+                **result,
+            }
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+            if job is not None:
+                job.log_metrics({f"{t}/{m}": v for t, row in result["tasks"].items() for m, v in row.items()})
+                job.log_artifacts([out])
+        if job is not None:
+            record["mlflow"] = job.ref()
             out.write_text(json.dumps(record, indent=2, default=str) + "\n")
         accs = ", ".join(f"{t} {row}" for t, row in result["tasks"].items())
         print(f"minite eval: {ident['run']} seed {seed}: {accs}")

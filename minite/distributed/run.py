@@ -45,6 +45,7 @@ per engine); unset, 0.3 on a GPU shared with the learner, 0.5 / local ranks on C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -464,19 +465,37 @@ def main(argv: list[str] | None = None) -> int:
 
     def go() -> int:
         cfg = build_config(args)
+        log = bool(args.mlflow_experiment) and os.environ.get("RANK", "0") == "0"  # rank 0 logs
         try:
-            summary = train_distributed(
-                cfg,
-                resume=args.resume,
-                progress=not args.no_progress,
-                activation_checkpointing=args.activation_checkpointing,
-            )
-            if summary is not None and args.mlflow_experiment:
-                from minite.tracking import log_run_dir
+            run_cm = contextlib.nullcontext()
+            if log:
+                from minite.tracking_rl import rl_run
 
-                log_run_dir(
-                    Path(cfg.out_dir), experiment=args.mlflow_experiment, run_name=args.mlflow_run_name
+                # RUNNING from the start; the rows rank 0 writes are followed into MLflow as they land
+                run_cm = rl_run(
+                    to_dict(cfg),
+                    experiment=args.mlflow_experiment,
+                    verb="minite train-dist",
+                    run_name=args.mlflow_run_name,
+                    resume=args.resume,
                 )
+            with run_cm as run:
+                from minite.tracking_rl import MetricsFollower, finish_rl_run
+
+                follow = MetricsFollower(run, Path(cfg.out_dir) / "metrics.jsonl") if run else None
+                with follow or contextlib.nullcontext():
+                    summary = train_distributed(
+                        cfg,
+                        resume=args.resume,
+                        progress=not args.no_progress,
+                        activation_checkpointing=args.activation_checkpointing,
+                    )
+                if run is not None and summary is not None:
+                    finish_rl_run(run, cfg.out_dir)
+            if run is not None:
+                from minite.tracking import write_run_ref
+
+                write_run_ref(Path(cfg.out_dir) / "mlflow_run.json", run.ref())
             if summary is not None:
                 print(
                     f"minite train-dist ×{summary['world_size']}: {cfg.recipe} seed {cfg.seed}: reward "

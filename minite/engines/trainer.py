@@ -24,7 +24,7 @@ from minite.engines.base import Completion
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
 from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
-from minite.rl.grpo import GRPOConfig, grpo_loss
+from minite.rl.grpo import GRPOConfig, grpo_loss, loss_mask
 
 
 @dataclass(frozen=True)
@@ -236,13 +236,16 @@ class Trainer:
         n_local = batch.mask.shape[0]
         n = self._global_rows(n_local)
         stats_acc: dict[str, float] = {}
+        # the tokens the loss aggregates: MIS / Geo-RS drop rejected sequences from the token-mean's
+        # denominator as well, so each micro-batch weighs by its share of the kept tokens
+        kept = loss_mask(logp_old, batch.sampler_logp, batch.mask, self.grpo_cfg)
         mb_size = -(-n_local // minibatches)
         for m in range(minibatches):
             rows = torch.arange(m * mb_size, min((m + 1) * mb_size, n_local))
             if len(rows) == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
-            total_tokens = self._global_tokens(batch.mask[rows])
+            total_tokens = self._global_tokens(kept[rows])
             loss_bad = False
             for i in range(0, len(rows), micro_batch):
                 r = rows[i : i + micro_batch]
@@ -261,7 +264,7 @@ class Trainer:
                 if loss_bad and self.raise_loss_at_once:
                     break
                 # token-mean over the whole minibatch: weight each micro-batch by its share of tokens
-                self._backward(loss * sub.mask.sum() / total_tokens)
+                self._backward(loss * kept[r].sum() / total_tokens)
                 for k, v in stats.items():
                     stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(r) / n
             if self._any(loss_bad):

@@ -37,10 +37,6 @@ from minite.nn.norm import rms_norm_fp32
 from minite.nn.router import route_topk, router_logits_fp32
 from minite.numerics import NVFP4Tensor, dispatch
 
-# where minite.kernels.moe caches the experts' stacked NVFP4 weights on a module (cleared by
-# minite.nn.swap.clear_weight_caches)
-GROUPED_CACHE_ATTR = "_minite_grouped_weights"
-
 
 class QuantExperts(nn.Module):
     def __init__(

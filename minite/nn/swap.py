@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minite.kernels.moe import GROUPED_CACHE_ATTR
 from minite.nn.attention import AlignedAttention, RopeTable, UnusedRotaryEmbedding
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.linear import InvariantLinear, QuantLinear
-from minite.nn.moe import GROUPED_CACHE_ATTR, AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
+from minite.nn.moe import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
 from minite.recipes import NumericsSpec
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -21,7 +21,7 @@ from minite.numerics.nvfp4 import (
     global_encode_scale,
     quantize,
 )
-from minite.numerics.rht import apply_rht, rht_matrix
+from minite.numerics.rht import apply_rht, apply_rht_te, rht_matrix
 
 __all__ = [
     "BLOCK",
@@ -33,6 +33,7 @@ __all__ = [
     "NonFiniteError",
     "QuantSpec",
     "apply_rht",
+    "apply_rht_te",
     "check_quantizable",
     "dequantize",
     "dequantize_unscaled",

@@ -18,9 +18,23 @@ Choices, each a field of `QuantSpec`:
   every dequantized value e2m1·e4m3·2^-k is exactly a bf16 number).
 - flavor: the arithmetic of one implementation. They agree on the format and differ in float op order:
 
-  "te"        Transformer Engine (cast/nvfp4/core_nvfp4.cuh):
+  "te"        Transformer Engine's reference quantizer (`NVFP4QuantizerRef` in pytorch/custom_recipes/
+              quantization_nvfp4.py, later quantization_ref_nvfp4.py, now reference_nvfp4.py; its CUDA
+              kernel cast/nvfp4/core_nvfp4.cuh shares the block arithmetic), byte for byte
+              (tests/numerics/test_te_reference.py):
               block = e4m3(block_amax · (s_enc · (1/6))); element multiplier
-              m = min(1 / (float(block) · (1/s_enc)), FLT_MAX): two reciprocals, each rounded.
+              m = min(1 / (float(block) · (1/s_enc)), FLT_MAX): two reciprocals, each rounded. Where it
+              departs from the other flavors, as TE's reference does:
+              - RHT in the input dtype (`rht.apply_rht_te`): bf16/fp16 input is rotated to bf16/fp16
+                values before the amax and the cast;
+              - an exact zero (-0.0 too) is code 0: the sign nibble only for values < 0;
+              - amax = 0 gives s_enc = 2688 / 0 -> FLT_MAX (not 1.0; the codes and scales are 0 either
+                way), amax = Inf gives s_enc = 1.0;
+              - non-finite values stay in every max: a NaN makes its scope's s_enc NaN, so every block
+                scale of the tensor (per-tensor) or row (per-row) is NaN and every code 0; an Inf counts
+                in the amax and saturates to code 7. One deliberate difference: a block holding an Inf
+                gets a NaN scale, where TE's reference stores 448 and so decodes Inf as a finite
+                6 · 448 · s_dec (never silent finite garbage, as for every flavor).
   "vllm"      vLLM's reference (`ref_nvfp4_quant`, the emulation path for NVFP4 checkpoints):
               block = e4m3(min(s_enc · (block_amax · (1/6)), 448)); m = recip(block · recip(s_enc)) with
               recip(x) = 1 / (x + (x == 0)·1e8); decode multiplies by (block / s_enc) and casts to
@@ -34,9 +48,10 @@ for a small fraction of elements that sit on a rounding boundary: exactly the ki
 engines miniTE measures.
 
 Non-finite input: FP4 has no NaN/Inf. A block that holds NaN/Inf gets a NaN block scale, so its
-dequantized values are NaN (never silent finite garbage); the global amax is taken over finite values
-only, so one bad element does not wipe out the rest of the tensor. `check_finite=True` raises
-`NonFiniteError` naming the tensor instead.
+dequantized values are NaN (never silent finite garbage); for the canonical and vllm flavors the global
+amax is taken over finite values only, so one bad element does not wipe out the rest of the tensor (the
+te flavor follows TE instead, see above). `check_finite=True` raises `NonFiniteError` naming the
+tensor instead.
 """
 
 from __future__ import annotations
@@ -55,7 +70,7 @@ from minite.numerics.formats import (
     pack_fp4,
     unpack_fp4,
 )
-from minite.numerics.rht import apply_rht
+from minite.numerics.rht import apply_rht, apply_rht_te
 
 Block = Literal["1x16", "16x16"]
 Scope = Literal["tensor", "row", "static"]
@@ -149,18 +164,25 @@ def check_quantizable(x: torch.Tensor, block: Block = "1x16", name: str = "tenso
 
 
 def global_encode_scale(amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """s_enc = 448·6 / amax in float32; amax == 0 (or an overflow to 0) gives 1.0, as in TE."""
+    """s_enc = 448·6 / amax in float32, at most FLT_MAX; amax == 0 (or an overflow to 0) gives 1.0, as
+    TE's CUDA kernel does. The te flavor follows TE's reference quantizer: only s == 0 (amax = Inf)
+    gives 1.0, amax == 0 gives FLT_MAX, and a NaN amax a NaN scale."""
     amax = amax.float()
     # a tensor / tensor division, correctly rounded like TE's `fp8_max * fp4_max / global_amax`:
     # `python_float / tensor` is torch's __rtruediv__ = reciprocal(amax) * 2688, two roundings,
     # which is 1 ulp off for about a quarter of all amax values.
     s = torch.clamp(torch.full_like(amax, F8_F4_MAX) / amax, max=FLOAT32_MAX)
-    s = torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+    if spec.flavor == "te":
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        # one NaN bit pattern on every device (a GPU division returns its canonical NaN instead)
+        s = torch.where(torch.isnan(s), torch.full_like(s, float("nan")), s)
+    else:
+        s = torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
     if spec.pow2_global:
         # largest power of two <= s, exactly: s = m·2^e with m in [0.5, 1) -> 2^(e-1). (exp2(floor(log2(s)))
         # is wrong just below a power of two, where float32 log2 rounds up to the integer.)
         _, e = torch.frexp(s)
-        s = torch.ldexp(torch.full_like(s, 0.5), e)
+        s = torch.where(torch.isnan(s), s, torch.ldexp(torch.full_like(s, 0.5), e))
     return s
 
 
@@ -213,9 +235,11 @@ def quantize(
     if (spec.scope == "static") != (amax is not None):
         raise ValueError(f"{name}: amax must be given exactly when scope is 'static' (scope={spec.scope!r})")
 
-    x32 = x.float()
+    te = spec.flavor == "te"
     if spec.rht:
-        x32 = apply_rht(x32, spec.rht_signs)
+        x32 = apply_rht_te(x, spec.rht_signs) if te else apply_rht(x.float(), spec.rht_signs)
+    else:
+        x32 = x.float()
     finite = torch.isfinite(x32)
     all_finite = bool(finite.all())
     if check_finite and not all_finite:
@@ -224,7 +248,8 @@ def quantize(
             f"{name}: {int((~finite).sum())} non-finite value(s) in tensor of shape {tuple(x.shape)} "
             f"(first at index {bad})"
         )
-    x_fin = x32 if all_finite else torch.where(finite, x32, torch.zeros_like(x32))
+    # te: NaN/Inf stay in every max and in the scaling, as in TE's reference (module docstring)
+    x_fin = x32 if all_finite or te else torch.where(finite, x32, torch.zeros_like(x32))
 
     if spec.scope == "tensor":
         g_amax = x_fin.abs().amax()
@@ -247,6 +272,8 @@ def quantize(
         codes = e2m1_encode_rne(scaled)
     else:
         codes = e2m1_encode_stochastic(scaled, generator)
+    if te:  # TE's cast_to_fp4x2 tests -0.0 >= 0.0: an exact zero of either sign is code 0
+        codes = torch.where(scaled == 0, torch.zeros_like(codes), codes)
 
     if not all_finite:
         bad_block = (~finite).reshape(*lead, k // BLOCK, BLOCK).any(-1)

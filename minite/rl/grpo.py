@@ -35,6 +35,35 @@ recompute ``logp_old`` of the same policy. TIS weights each token's loss by the 
 so the gradient estimates E_{pi_sampler}[min(pi_old / pi_sampler, C) grad l]. The weight corrects the
 objective; miniTE's alignment instead removes the mismatch it corrects (DESIGN.md, "The three recipes").
 
+Sequence-level rollout corrections, as verl's rollout correction defines them
+(verl/trainer/ppo/rollout_corr_helper.py, `compute_rollout_correction_weights` and
+`compute_rollout_rejection_mask`; presets in verl/trainer/config/algorithm.py). With the per-token
+log-ratio log r_bt = logp_old - logp_sampler over the valid tokens of sequence b (n_b of them), and
+verl's safety bound |log| <= 20 before every exp:
+
+    MIS (``mis``; verl's Seq-MIS, `RolloutCorrectionConfig.decoupled_seq_is_rs()`: rollout_is="sequence"
+    and rollout_rs="sequence", both at 2.0, the lower bound 1/upper; "When Speed Kills Stability",
+    Liu, Li et al. 2025)
+        w_b = exp(sum_t log r_bt)                     the sequence IS weight
+        keep b iff mis_lower <= w_b <= mis_upper      (verl: rollout_rs_threshold[_lower])
+        kept sequences' token losses are weighted by w_b, detached (verl's Seq-TIS truncation at the
+        same threshold, min(w_b, mis_upper), changes no kept weight)
+    Geo-RS (``geo_rs``; verl's `decoupled_geo_rs()`: rollout_rs="geometric", bounds [0.999, 1.001];
+    current verl spells it rollout_rs="seq_mean_k1", "0.999_1.001")
+        g_b = exp(mean_t log r_bt)                    the per-token geometric-mean ratio
+        keep b iff geo_rs_lower <= g_b <= geo_rs_upper; no weights
+
+Both reject whole sequences. As in verl, rejection rewrites the loss mask: a rejected sequence's tokens
+leave the numerator and the denominator of the aggregation. If every sequence is rejected the loss is
+exactly 0 with zero gradient (not 0/0). They compose with each other and with TIS (verl's
+Geo-RS-Token-TIS); MIS and TIS together would weight twice and are refused. Stats (only when on), over
+the valid tokens / sequences before rejection: ``rollout_rs_masked_fraction`` (tokens rejected) and
+``rollout_rs_seq_masked_fraction`` (sequences rejected), verl's names; for MIS ``rollout_is_mean`` (the
+token mean of w_b), ``rollout_is_max``, ``rollout_is_min`` (verl's rollout_is="sequence" metrics) and
+``mis_seq_masked_fraction``; for Geo-RS ``geo_rs_ratio_mean`` (token mean of g_b), ``geo_rs_ratio_max``,
+``geo_rs_ratio_min`` (verl's rollout_rs_mean/max/min in its geometric mode) and
+``geo_rs_seq_masked_fraction``. The PPO stats (clip_frac, ratio_*, approx_kl) stay over all valid tokens.
+
 KL penalty (optional, ``kl_coef`` > 0 with ``logp_ref``): the GRPO paper's k3 estimator of
 KL(pi_new || pi_ref) per token, ``exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1``, aggregated like
 the policy loss and added with weight ``kl_coef``.
@@ -53,9 +82,19 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LOSS_AGG_MODES", "GRPOConfig", "group_advantages", "grpo_loss", "zero_variance_groups"]
+__all__ = [
+    "LOSS_AGG_MODES",
+    "GRPOConfig",
+    "group_advantages",
+    "grpo_loss",
+    "loss_mask",
+    "rollout_correction",
+    "zero_variance_groups",
+]
 
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean")
+# verl's SAFETY_BOUND (rollout_corr_helper.py): |log ratio| is clamped to 20 before exp
+SAFETY_BOUND = 20.0
 
 
 def _is_number(x: object) -> bool:
@@ -73,13 +112,31 @@ class GRPOConfig:
     kl_coef: float = 0.0
     tis: bool = False
     tis_cap: float = 2.0
+    # sequence-level masked IS (verl Seq-MIS) and geometric-mean rejection (verl Geo-RS), see the module
+    # docstring; the bounds are verl's preset defaults
+    mis: bool = False
+    mis_lower: float = 0.5
+    mis_upper: float = 2.0
+    geo_rs: bool = False
+    geo_rs_lower: float = 0.999
+    geo_rs_upper: float = 1.001
     adv_eps: float = 1e-6
     scale_adv_by_std: bool = True
+
+    @property
+    def rejects(self) -> bool:
+        """Does a sequence-level correction (MIS, Geo-RS) rewrite the loss mask?"""
+        return self.mis or self.geo_rs
+
+    @property
+    def needs_sampler_logp(self) -> bool:
+        return self.tis or self.rejects
 
     def __post_init__(self) -> None:
         if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size < 2:
             raise ValueError(f"GRPOConfig.group_size must be an int >= 2, got {self.group_size!r}")
-        for name in ("clip_low", "clip_high", "kl_coef", "tis_cap", "adv_eps"):
+        bounds = ("mis_lower", "mis_upper", "geo_rs_lower", "geo_rs_upper")
+        for name in ("clip_low", "clip_high", "kl_coef", "tis_cap", "adv_eps", *bounds):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value):
                 raise ValueError(f"GRPOConfig.{name} must be a finite number, got {value!r}")
@@ -93,11 +150,26 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.loss_agg must be one of {LOSS_AGG_MODES}, got {self.loss_agg!r}")
         if self.kl_coef < 0.0:
             raise ValueError(f"GRPOConfig.kl_coef must be >= 0, got {self.kl_coef}")
-        for name in ("tis", "scale_adv_by_std"):
+        for name in ("tis", "mis", "geo_rs", "scale_adv_by_std"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GRPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.tis_cap <= 0.0:
             raise ValueError(f"GRPOConfig.tis_cap must be > 0, got {self.tis_cap}")
+        for name in bounds:
+            if getattr(self, name) <= 0.0:
+                value = getattr(self, name)
+                raise ValueError(f"GRPOConfig.{name} must be > 0 (it bounds a ratio), got {value}")
+        for lo, hi in (("mis_lower", "mis_upper"), ("geo_rs_lower", "geo_rs_upper")):
+            if getattr(self, lo) > getattr(self, hi):
+                raise ValueError(
+                    f"GRPOConfig.{lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}: the kept range "
+                    f"[{lo}, {hi}] would be empty; make {lo} <= {hi}"
+                )
+        if self.tis and self.mis:
+            raise ValueError(
+                "GRPOConfig: tis and mis both weight the loss by an importance ratio (per token and per "
+                "sequence); verl takes one rollout_is level: set one of them"
+            )
         if self.adv_eps < 0.0:
             raise ValueError(f"GRPOConfig.adv_eps must be >= 0, got {self.adv_eps}")
 
@@ -175,6 +247,77 @@ def _agg(x: torch.Tensor, valid: torch.Tensor, n_valid: torch.Tensor, mode: str)
     return per_seq.mean()
 
 
+def _masked_log_ratio(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sum_t log r_bt, mean_t log r_bt, n_b) over the valid tokens, float64 (B,) each."""
+    lr = torch.where(valid, logp_old.detach().double() - logp_sampler.detach().double(), 0.0)
+    n = valid.sum(dim=1)
+    s = lr.sum(dim=1)
+    return s, s / n.clamp(min=1), n
+
+
+def rollout_correction(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor, valid: torch.Tensor, cfg: GRPOConfig
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """MIS / Geo-RS of the module docstring: (keep (B,) bool, MIS weight (B,) float64 or None, stats).
+
+    `valid` (B, T) bool; sequences without valid tokens are kept (they hold nothing) and not counted."""
+    s, m, n = _masked_log_ratio(logp_old, logp_sampler, valid)
+    has = n > 0
+    keep = torch.ones_like(has)
+    weight = None
+    stats: dict[str, float] = {}
+    n_seq = max(int(has.sum()), 1)
+    nf = n.double()
+    n_tok = max(float(nf.sum()), 1.0)
+    if cfg.mis:
+        w = torch.exp(s.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        ok = (w >= cfg.mis_lower) & (w <= cfg.mis_upper)
+        keep &= ok | ~has
+        weight = w.clamp(max=cfg.mis_upper)
+        sv = s[has]
+        stats["rollout_is_mean"] = float((w * nf).sum() / n_tok)
+        stats["rollout_is_max"] = float(torch.exp(sv.max().clamp(max=SAFETY_BOUND))) if has.any() else 1.0
+        stats["rollout_is_min"] = float(torch.exp(sv.min())) if has.any() else 1.0
+        stats["mis_seq_masked_fraction"] = float((~ok & has).sum()) / n_seq
+    if cfg.geo_rs:
+        g = torch.exp(m.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        ok = (g >= cfg.geo_rs_lower) & (g <= cfg.geo_rs_upper)
+        keep &= ok | ~has
+        gv = g[has]
+        stats["geo_rs_ratio_mean"] = float((g * nf).sum() / n_tok)
+        stats["geo_rs_ratio_max"] = float(gv.max()) if has.any() else 1.0
+        stats["geo_rs_ratio_min"] = float(gv.min()) if has.any() else 1.0
+        stats["geo_rs_seq_masked_fraction"] = float((~ok & has).sum()) / n_seq
+    if cfg.rejects:
+        stats["rollout_rs_masked_fraction"] = float((nf * (~keep).double()).sum()) / n_tok
+        stats["rollout_rs_seq_masked_fraction"] = float((~keep & has).sum()) / n_seq
+    return keep, weight, stats
+
+
+def _valid_mask(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask.detach()
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("mask must hold only 0/1 (or bool) values")
+    return mask.detach() != 0
+
+
+def loss_mask(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor | None, mask: torch.Tensor, cfg: GRPOConfig
+) -> torch.Tensor:
+    """(B, T) bool: the tokens the loss aggregates, `mask` without the sequences MIS / Geo-RS reject.
+    A trainer that splits a batch into micro-batches weighs each by its share of these tokens."""
+    valid = _valid_mask(mask)
+    if not cfg.rejects:
+        return valid
+    if logp_sampler is None:
+        raise ValueError("cfg.mis / cfg.geo_rs is on: pass logp_sampler (the rollout engine's log-probs)")
+    keep, _, _ = rollout_correction(logp_old, logp_sampler, valid, cfg)
+    return valid & keep[:, None]
+
+
 def grpo_loss(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
@@ -186,7 +329,7 @@ def grpo_loss(
     logp_ref: torch.Tensor | None = None,
     check_finite: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO/DAPO clipped policy loss, optionally with TIS and a KL penalty.
+    """GRPO/DAPO clipped policy loss, optionally with TIS, MIS, Geo-RS and a KL penalty.
 
     Args:
         logp_new: (B, T) log-probs of the sampled tokens under the policy being optimized (grad flows).
@@ -195,7 +338,7 @@ def grpo_loss(
         mask: (B, T) bool or 0/1, true at valid completion tokens.
         cfg: ``GRPOConfig``.
         logp_sampler: (B, T) the sampler engine's log-probs of the same tokens; required when
-            ``cfg.tis``, ignored otherwise.
+            ``cfg.tis``, ``cfg.mis`` or ``cfg.geo_rs``, ignored otherwise.
         logp_ref: (B, T) reference-policy log-probs; required when ``cfg.kl_coef > 0``.
         check_finite: raise ``ValueError`` when an input is NaN/inf at a valid token (one device sync).
 
@@ -213,21 +356,17 @@ def grpo_loss(
     if not isinstance(mask, torch.Tensor) or mask.shape != shape:
         got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise ValueError(f"mask must be a tensor of shape {tuple(shape)}, got {got}")
-    if cfg.tis and logp_sampler is None:
-        raise ValueError("cfg.tis is on: pass logp_sampler (the rollout engine's log-probs)")
-    if cfg.tis:
+    if cfg.needs_sampler_logp and logp_sampler is None:
+        on = ", ".join(k for k in ("tis", "mis", "geo_rs") if getattr(cfg, k))
+        raise ValueError(f"cfg.{on} is on: pass logp_sampler (the rollout engine's log-probs)")
+    if cfg.needs_sampler_logp:
         _check_2d(logp_sampler, "logp_sampler", shape)
     if cfg.kl_coef > 0 and logp_ref is None:
         raise ValueError(f"cfg.kl_coef={cfg.kl_coef} > 0: pass logp_ref (the reference policy's log-probs)")
     if logp_ref is not None:
         _check_2d(logp_ref, "logp_ref", shape)
 
-    if mask.dtype == torch.bool:
-        valid = mask.detach()
-    else:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must hold only 0/1 (or bool) values")
-        valid = mask.detach() != 0
+    valid = _valid_mask(mask)
     n_valid_int = int(valid.sum())
     if n_valid_int == 0:
         raise ValueError("mask selects no tokens: the loss over an empty batch is undefined")
@@ -238,7 +377,7 @@ def grpo_loss(
     old = logp_old.detach().to(dtype)
     adv = advantages.detach().to(dtype)
     inputs = {"logp_new": new, "logp_old": old}
-    if cfg.tis:
+    if cfg.needs_sampler_logp:
         inputs["logp_sampler"] = logp_sampler.detach().to(dtype)
     if logp_ref is not None:
         inputs["logp_ref"] = logp_ref.detach().to(dtype)
@@ -269,12 +408,25 @@ def grpo_loss(
         tis_w = torch.where(valid, torch.ones_like(ratio), zero)
         tis_capped = torch.zeros_like(valid)
 
+    corr_stats: dict[str, float] = {}
+    kept = valid
+    if cfg.rejects:
+        keep, mis_w, corr_stats = rollout_correction(old, inputs["logp_sampler"], valid, cfg)
+        kept = valid & keep[:, None]
+        if mis_w is not None:
+            pg = pg * mis_w.to(dtype)[:, None]
+        pg = torch.where(kept, pg, zero)
+
     n_valid = valid.sum().to(dtype)
-    pg_loss = _agg(pg, valid, n_valid, cfg.loss_agg)
+    n_kept = kept.sum().to(dtype)
+    any_kept = bool(kept.any())
+    # nothing kept: an exact 0 that still depends on logp_new (zero gradient), not 0 / 0
+    nothing = torch.where(valid, new, zero).sum() * 0.0
+    pg_loss = _agg(pg, kept, n_kept, cfg.loss_agg) if any_kept else nothing
     if logp_ref is not None:
-        d_ref = torch.where(valid, inputs["logp_ref"] - new, zero)
+        d_ref = torch.where(kept, inputs["logp_ref"] - new, zero)
         kl = torch.expm1(d_ref) - d_ref
-        kl_loss = _agg(kl, valid, n_valid, cfg.loss_agg)
+        kl_loss = _agg(kl, kept, n_kept, cfg.loss_agg) if any_kept else nothing
     else:
         kl_loss = zero
     loss = pg_loss + cfg.kl_coef * kl_loss if cfg.kl_coef > 0 else pg_loss
@@ -313,4 +465,4 @@ def grpo_loss(
         "tis_weight_mean",
         "tis_capped_frac",
     )
-    return loss, dict(zip(names, stats_t.tolist(), strict=True))
+    return loss, {**dict(zip(names, stats_t.tolist(), strict=True)), **corr_stats}

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from minite.bench.kernels import bench_graph, copies_for
+from minite.bench.timing import bench_graph, copies_for
 from minite.kernels.attention import _attention_decode, _split_count
 
 

@@ -19,16 +19,9 @@ import time
 
 import torch
 
-from minite.bench.kernels import (
-    GROUPED_SHAPES,
-    _randn,
-    bench,
-    bench_graph,
-    ceilings,
-    copies_for,
-    grouped_operands,
-    grouped_routing,
-)
+from minite.bench.kernel_grouped import GROUPED_SHAPES, grouped_operands, grouped_routing
+from minite.bench.kernels import ceilings
+from minite.bench.timing import bench, bench_graph, copies_for, randn_blocks
 from minite.kernels import grouped_gemm as gg
 from minite.kernels import nvfp4_quantize
 from minite.kernels import quantize as kq
@@ -59,7 +52,7 @@ def sweep_quantize(out: dict) -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     n = 8192
     copy_gbs = ceilings(l2)["copy_GBps"]  # bench-kernels' ceiling: a 1 GiB device copy
-    sets = [(_randn((n, n), 30 + i),) for i in range(copies_for(n * n * 2, l2, 2))]
+    sets = [(randn_blocks((n, n), 30 + i),) for i in range(copies_for(n * n * 2, l2, 2))]
     amax = float(sets[0][0].float().abs().amax())
     bytes_io = n * n * 2 + n * n // 2 + n * n // 16
     print(
@@ -169,7 +162,7 @@ def sweep_wgrad(out: dict) -> None:
     e, topk, hidden, ffn, tokens = GROUPED_SHAPES
     offs, offs_i32 = grouped_routing(e, topk, tokens)
     rows_n, n, k = int(offs[-1]), 2 * ffn, hidden
-    x, dy = _randn((rows_n, k), 91), _randn((rows_n, n), 93)
+    x, dy = randn_blocks((rows_n, k), 91), randn_blocks((rows_n, n), 93)
     ta, poffs = nvfp4_quantize_segments_t(dy, offs, QuantSpec(scope="row"), align=WGRAD_ALIGN)
     tb, _ = nvfp4_quantize_segments_t(x, offs, QuantSpec(scope="row"), align=WGRAD_ALIGN)
     base = bench(lambda a, b: torch._grouped_mm(a, b, offs=offs_i32), [(dy.T, x)])

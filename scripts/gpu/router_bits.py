@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minite.bench.kernels import bench_graph
+from minite.bench.timing import bench_graph
 from minite.nn.moe import AlignedRouter
 from minite.nn.router import router_logits_fp32, router_logits_fp32_ref
 

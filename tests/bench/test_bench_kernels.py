@@ -4,7 +4,7 @@ without a GPU. The timing itself runs on the H200 only (results/bench/kernels_h2
 import pytest
 import torch
 
-from minite.bench.kernels import TARGETS, Row, markdown
+from minite.bench.kernel_report import TARGETS, Row, markdown
 from minite.cli import VERBS, main
 
 

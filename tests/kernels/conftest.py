@@ -27,6 +27,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         "minite.kernels.qk_norm_rope",
         "minite.kernels.routing",
         "minite.kernels.attention",
+        "minite.kernels.attention_bwd",
         "minite.kernels.router",
         "minite.kernels.bf16_gemm",
         "minite.kernels",

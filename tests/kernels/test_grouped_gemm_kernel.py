@@ -13,14 +13,9 @@ from torch import nn
 
 from minite.kernels.gemm import GemmConfig
 from minite.kernels.grouped_gemm import WGRAD_ALIGN, nvfp4_grouped_matmul, nvfp4_grouped_wgrad
-from minite.kernels.moe import (
-    _stacked_weight,
-    combine_in_expert_order,
-    quant_experts_forward,
-    sort_by_expert,
-    vllm_experts_forward,
-)
+from minite.kernels.moe import _stacked_weight, quant_experts_forward, vllm_experts_forward
 from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped, nvfp4_quantize_segments_t
+from minite.kernels.routing import combine_in_expert_order, sort_by_expert
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.moe import QuantExperts
 from minite.numerics import NVFP4Tensor, QuantSpec, dequantize, nvfp4_matmul_ref, quantize

@@ -138,6 +138,55 @@ def test_non_finite_blocks_dequantize_to_nan(scope, block, poison, device):
         nvfp4_quantize(x.to(device), spec, name="act", check_finite=True)
 
 
+def _te_edge_data(dtype: torch.dtype) -> torch.Tensor:
+    """(32, 48): random blocks, -0.0 values and a -0.0 block, a zero row (per-row amax 0), a block
+    1e-6 of the amax (E4M3 subnormal scale) and blocks in bf16's subnormal range."""
+    x = _x((32, 48), 41, spread=2.0)
+    x[0] = 0.0
+    x[1, ::3] = -0.0
+    x[2, :16] = -0.0
+    x[3, 16:32] *= 1e-6
+    x[4:8, 32:48] = torch.randn(4, 16, generator=gen(42)) * 2.0**-130
+    return x.to(dtype)
+
+
+TE_KERNEL_SPECS = [
+    QuantSpec(flavor="te"),  # the 1x16 fast path, tensor scope
+    QuantSpec(flavor="te", scope="row"),  # the fast path, s_enc in-kernel
+    QuantSpec(flavor="te", rht=True),  # the general kernel, rotation rounded to the input dtype
+    QuantSpec(flavor="te", scope="row", rht=True),
+    QuantSpec(flavor="te", block="16x16"),
+    QuantSpec(flavor="te", block="16x16", rht=True),
+]
+TE_KERNEL_IDS = ["1x16-tensor", "1x16-row", "1x16-tensor-rht", "1x16-row-rht", "16x16", "16x16-rht"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("spec", TE_KERNEL_SPECS, ids=TE_KERNEL_IDS)
+def test_te_flavor_edges(spec, dtype, poison, device):
+    """te flavor (Transformer Engine's reference arithmetic) on the kernel paths: bf16 rotations rounded
+    to bf16, -0.0 as code 0, amax 0 -> s_enc FLT_MAX, bf16 subnormals; then NaN and Inf, which stay in
+    TE's maxima (a NaN poisons its scope), and an all-zero tensor."""
+    x = _te_edge_data(dtype)
+    _same(nvfp4_quantize(x.to(device), spec), ref_quantize(x, spec))
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[9, 20] = bad
+        k = nvfp4_quantize(xb.to(device), spec)
+        _same(k, ref_quantize(xb, spec))
+        assert not torch.isfinite(dequantize(k).cpu()[9, 16:32]).any()
+    z = torch.zeros(16, 32, dtype=dtype)
+    _same(nvfp4_quantize(z.to(device), spec), ref_quantize(z, spec))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_te_transposed_rht_rounds_to_the_input_dtype(dtype, poison, device):
+    """The wgrad operand (xᵀ with RHT, read through strides) in the te flavor."""
+    x = _te_edge_data(dtype)  # (32, 48): quantized as xᵀ, 48 rows of 32
+    spec = QuantSpec(flavor="te", rht=True)
+    _same(nvfp4_quantize(x.to(device), spec, transpose=True), ref_quantize(x.T.contiguous(), spec))
+
+
 @pytest.mark.parametrize("scope", ["tensor", "row"])
 @pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
 def test_transposed_output(scope, rht, poison, device):

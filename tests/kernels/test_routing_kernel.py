@@ -10,13 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from minite.kernels.moe import quant_experts_forward, sort_by_expert
+from minite.kernels.moe import quant_experts_forward
 from minite.kernels.routing import (
     ROUTE_MAX_PAIRS,
     combine_routed,
     combine_routed_ref,
     route_by_expert,
     route_by_expert_ref,
+    sort_by_expert,
 )
 from minite.nn.functional import SeedSource
 from minite.nn.moe import QuantExperts, grouped_inference_forward

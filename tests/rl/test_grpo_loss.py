@@ -1,4 +1,5 @@
-"""Tests of minite.rl.grpo: config validation, group advantages, the clipped loss, its gradient, TIS, KL."""
+"""Tests of minite.rl.grpo: config validation, group advantages, the clipped loss, its gradient, TIS, KL,
+and verl's sequence-level rollout corrections (MIS, Geo-RS) against hand-computed values."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minite.rl.grpo import GRPOConfig, group_advantages, grpo_loss, zero_variance_groups
+from minite.configuration import ConfigError, from_dict
+from minite.rl.grpo import GRPOConfig, group_advantages, grpo_loss, loss_mask, zero_variance_groups
 
 F64 = torch.float64
 LN = math.log
@@ -52,6 +54,17 @@ def test_config_defaults_and_frozen():
         ({"tis_cap": 0.0}, "tis_cap"),
         ({"adv_eps": -1e-6}, "adv_eps"),
         ({"scale_adv_by_std": "yes"}, "scale_adv_by_std"),
+        ({"mis": "true"}, "mis"),
+        ({"geo_rs": 1}, "geo_rs"),
+        ({"mis_upper": 0.0}, "mis_upper"),
+        ({"mis_lower": -0.5}, "mis_lower"),
+        ({"geo_rs_lower": 0.0}, "geo_rs_lower"),
+        ({"geo_rs_upper": -1.0}, "geo_rs_upper"),
+        ({"geo_rs_upper": math.nan}, "geo_rs_upper"),
+        ({"mis_lower": "0.5"}, "mis_lower"),
+        ({"mis_lower": 3.0}, "mis_lower=3.0 > mis_upper"),
+        ({"geo_rs_lower": 1.01, "geo_rs_upper": 1.001}, "geo_rs_lower=1.01 > geo_rs_upper"),
+        ({"tis": True, "mis": True}, "tis and mis"),
     ],
 )
 def test_config_rejects(kwargs, field):
@@ -302,9 +315,9 @@ def test_loss_errors():
     t=st.integers(1, 6),
     seed=st.integers(0, 2**31 - 1),
     agg=st.sampled_from(["token-mean", "seq-mean-token-mean"]),
-    tis=st.booleans(),
+    corr=st.sampled_from(["none", "tis", "mis", "geo", "mis+geo", "geo+tis"]),
 )
-def test_matches_reference_formula(b, t, seed, agg, tis):
+def test_matches_reference_formula(b, t, seed, agg, corr):
     g = torch.Generator().manual_seed(seed)
     logp_old = -torch.rand(b, t, generator=g, dtype=F64) * 4
     logp_new = (logp_old + 0.6 * torch.randn(b, t, generator=g, dtype=F64)).requires_grad_(True)
@@ -312,7 +325,8 @@ def test_matches_reference_formula(b, t, seed, agg, tis):
     adv = torch.randn(b, generator=g, dtype=F64)
     mask = torch.rand(b, t, generator=g) > 0.3
     mask[0, 0] = True
-    cfg = GRPOConfig(loss_agg=agg, tis=tis)
+    tis, mis, geo = "tis" in corr, "mis" in corr, "geo" in corr
+    cfg = GRPOConfig(loss_agg=agg, tis=tis, mis=mis, geo_rs=geo, geo_rs_lower=0.7, geo_rs_upper=1.4)
     loss, _ = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s)
     (grad,) = torch.autograd.grad(loss, logp_new)
 
@@ -323,7 +337,19 @@ def test_matches_reference_formula(b, t, seed, agg, tis):
     if tis:
         pg = pg * torch.clamp(torch.exp(logp_old - logp_s), max=2.0)
     m = mask.to(F64)
-    if agg == "token-mean":
+    lr_sum = ((logp_old - logp_s) * m).sum(1)
+    keep_seq = torch.ones(b, dtype=torch.bool)
+    if mis:  # sequence weight e^(sum log r), kept in [0.5, 2], truncated at 2
+        w = torch.exp(lr_sum)
+        keep_seq &= (w >= 0.5) & (w <= 2.0)
+        pg = pg * torch.clamp(w, max=2.0)[:, None]
+    if geo:  # geometric mean e^(mean log r), kept in [0.7, 1.4]
+        g_mean = torch.exp(lr_sum / m.sum(1).clamp(min=1))
+        keep_seq &= (g_mean >= 0.7) & (g_mean <= 1.4)
+    m = m * keep_seq[:, None].to(F64)
+    if m.sum() == 0:
+        ref = (new_ref * 0).sum()
+    elif agg == "token-mean":
         ref = (pg * m).sum() / m.sum()
     else:
         n_b = m.sum(1)
@@ -332,3 +358,242 @@ def test_matches_reference_formula(b, t, seed, agg, tis):
     (ref_grad,) = torch.autograd.grad(ref, new_ref)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-12, abs=1e-14)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-14)
+
+
+# --------------------------------------------------------------------------------------------------
+# MIS and Geo-RS (verl's rollout correction) on a hand-computed case
+#
+# Three sequences, on policy (logp_new == logp_old: ratio 1, nothing clipped), so every kept token's
+# loss is -A_b times its weight. Per-token log r = logp_old - logp_sampler:
+#   seq 0: [0.1, 0.2, -0.05]        3 tokens  sum  0.25  -> w = e^0.25  = 1.284  mean 0.25/3 -> g = 1.087
+#   seq 1: [0.5, 0.4]   (+2 pad)    2 tokens  sum  0.9   -> w = e^0.9   = 2.460  mean 0.45   -> g = 1.568
+#   seq 2: [-0.3, -0.5, 0.2, 0.0]   4 tokens  sum -0.6   -> w = e^-0.6  = 0.549  mean -0.15  -> g = 0.861
+# advantages A = [1, -2, 0.5]. MIS at verl's bounds [0.5, 2] rejects seq 1 (w > 2); Geo-RS at [0.8, 1.1]
+# rejects seq 1 too, at [0.9, 1.1] also seq 2 (g < 0.9).
+
+E = math.exp
+LOG_R = [[0.1, 0.2, -0.05, 0.0], [0.5, 0.4, 0.0, 0.0], [-0.3, -0.5, 0.2, 0.0]]
+MASK = [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def _rc_case(garbage: float = 0.0):
+    """(logp_new, logp_old, logp_sampler, adv, mask); `garbage` goes into the padded positions."""
+    mask = torch.tensor(MASK, dtype=torch.bool)
+    logp_old = torch.tensor(
+        [[-0.5, -1.0, -2.0, -0.3], [-0.2, -0.9, -1.1, -0.4], [-1.5, -0.7, -0.6, -2.5]], dtype=F64
+    )
+    logp_s = logp_old - torch.tensor(LOG_R, dtype=F64)
+    logp_old = torch.where(mask, logp_old, garbage)
+    logp_s = torch.where(mask, logp_s, -garbage)
+    logp_new = logp_old.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    return logp_new, logp_old, logp_s, adv, mask
+
+
+def _loss(cfg, garbage=0.0):
+    logp_new, logp_old, logp_s, adv, mask = _rc_case(garbage)
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s)
+    loss.backward()
+    return loss, stats, logp_new.grad
+
+
+def test_mis_hand_values():
+    loss, stats, grad = _loss(GRPOConfig(mis=True))
+    # kept: seq 0 (3 tokens, weight e^0.25) and seq 2 (4 tokens, weight e^-0.6), token-mean over 7
+    assert loss.item() == pytest.approx(-(3 * 1.0 * E(0.25) + 4 * 0.5 * E(-0.6)) / 7, rel=1e-12)
+    want = [[-E(0.25) / 7] * 3 + [0.0], [0.0] * 4, [-0.5 * E(-0.6) / 7] * 4]
+    for row, w in zip(grad.tolist(), want, strict=True):
+        assert row == pytest.approx(w, rel=1e-12, abs=0)
+    assert stats["rollout_is_mean"] == pytest.approx((3 * E(0.25) + 2 * E(0.9) + 4 * E(-0.6)) / 9, rel=1e-12)
+    assert stats["rollout_is_max"] == pytest.approx(E(0.9), rel=1e-12)
+    assert stats["rollout_is_min"] == pytest.approx(E(-0.6), rel=1e-12)
+    assert stats["mis_seq_masked_fraction"] == pytest.approx(1 / 3, rel=1e-12)
+    assert stats["rollout_rs_seq_masked_fraction"] == pytest.approx(1 / 3, rel=1e-12)
+    assert stats["rollout_rs_masked_fraction"] == pytest.approx(2 / 9, rel=1e-12)
+    assert "geo_rs_ratio_mean" not in stats and stats["tis_weight_mean"] == 1.0
+
+
+def test_mis_seq_mean_token_mean_and_bounds():
+    loss, _, _ = _loss(GRPOConfig(mis=True, loss_agg="seq-mean-token-mean"))
+    assert loss.item() == pytest.approx(-(E(0.25) + 0.5 * E(-0.6)) / 2, rel=1e-12)
+    # wider bounds keep seq 1 (A = -2) with its weight e^0.9 = 2.46 (below mis_upper: verl's truncation at
+    # the same threshold never bites on a kept sequence)
+    loss, stats, _ = _loss(GRPOConfig(mis=True, mis_upper=2.5))
+    assert loss.item() == pytest.approx((-3 * E(0.25) + 2 * 2 * E(0.9) - 4 * 0.5 * E(-0.6)) / 9, rel=1e-12)
+    assert stats["rollout_rs_seq_masked_fraction"] == 0.0
+    # a lower bound above e^-0.6 = 0.549 rejects seq 2 as well
+    loss, stats, _ = _loss(GRPOConfig(mis=True, mis_lower=0.6))
+    assert loss.item() == pytest.approx(-E(0.25), rel=1e-12)
+    assert stats["mis_seq_masked_fraction"] == pytest.approx(2 / 3, rel=1e-12)
+
+
+def test_geo_rs_hand_values():
+    loss, stats, grad = _loss(GRPOConfig(geo_rs=True, geo_rs_lower=0.8, geo_rs_upper=1.1))
+    # kept: seq 0 and seq 2, no weights: (3 * -1 + 4 * -0.5) / 7
+    assert loss.item() == pytest.approx(-5 / 7, rel=1e-12)
+    want = [[-1 / 7] * 3 + [0.0], [0.0] * 4, [-0.5 / 7] * 4]
+    for row, w in zip(grad.tolist(), want, strict=True):
+        assert row == pytest.approx(w, rel=1e-12, abs=0)
+    g = [E(0.25 / 3), E(0.45), E(-0.15)]
+    assert stats["geo_rs_ratio_mean"] == pytest.approx((3 * g[0] + 2 * g[1] + 4 * g[2]) / 9, rel=1e-12)
+    assert stats["geo_rs_ratio_max"] == pytest.approx(g[1], rel=1e-12)
+    assert stats["geo_rs_ratio_min"] == pytest.approx(g[2], rel=1e-12)
+    assert stats["geo_rs_seq_masked_fraction"] == pytest.approx(1 / 3, rel=1e-12)
+    assert stats["rollout_rs_masked_fraction"] == pytest.approx(2 / 9, rel=1e-12)
+    assert "rollout_is_mean" not in stats
+    loss, _, _ = _loss(
+        GRPOConfig(geo_rs=True, geo_rs_lower=0.8, geo_rs_upper=1.1, loss_agg="seq-mean-token-mean")
+    )
+    assert loss.item() == pytest.approx(-(1.0 + 0.5) / 2, rel=1e-12)
+
+
+def test_geo_rs_default_bounds_are_verls():
+    cfg = GRPOConfig(geo_rs=True)
+    assert (cfg.geo_rs_lower, cfg.geo_rs_upper, cfg.mis_lower, cfg.mis_upper) == (0.999, 1.001, 0.5, 2.0)
+    # every sequence of the case deviates by more than 0.1% per token: all rejected
+    loss, stats, grad = _loss(cfg)
+    assert loss.item() == 0.0 and stats["rollout_rs_seq_masked_fraction"] == 1.0
+
+
+def test_mis_and_geo_rs_compose_by_and():
+    loss, stats, _ = _loss(GRPOConfig(mis=True, geo_rs=True, geo_rs_lower=0.9, geo_rs_upper=1.1))
+    # MIS keeps {0, 2}, Geo-RS keeps {0}: only seq 0, weighted by e^0.25
+    assert loss.item() == pytest.approx(-E(0.25), rel=1e-12)
+    assert stats["mis_seq_masked_fraction"] == pytest.approx(1 / 3, rel=1e-12)
+    assert stats["geo_rs_seq_masked_fraction"] == pytest.approx(2 / 3, rel=1e-12)
+    assert stats["rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 3, rel=1e-12)
+    assert stats["rollout_rs_masked_fraction"] == pytest.approx(6 / 9, rel=1e-12)
+
+
+def test_geo_rs_with_token_tis():
+    loss, stats, _ = _loss(GRPOConfig(geo_rs=True, geo_rs_lower=0.8, geo_rs_upper=1.1, tis=True))
+    w0 = E(0.1) + E(0.2) + E(-0.05)
+    w2 = E(-0.3) + E(-0.5) + E(0.2) + E(0.0)
+    assert loss.item() == pytest.approx(-(1.0 * w0 + 0.5 * w2) / 7, rel=1e-12)
+
+
+def test_all_sequences_rejected_is_zero_with_zero_gradient():
+    for cfg in (
+        GRPOConfig(mis=True, mis_upper=1.1),
+        GRPOConfig(geo_rs=True),
+        GRPOConfig(mis=True, kl_coef=0.1),
+    ):
+        logp_new, logp_old, logp_s, adv, mask = _rc_case()
+        logp_s = logp_old - 5.0  # w = e^(5 n_b) >> 2, g = e^5: every sequence out of range
+        kw = {"logp_ref": logp_old - 0.1} if cfg.kl_coef else {}
+        loss, stats = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s, **kw)
+        assert torch.isfinite(loss) and loss.item() == 0.0
+        loss.backward()
+        assert torch.equal(logp_new.grad, torch.zeros_like(logp_new))
+        assert stats["rollout_rs_seq_masked_fraction"] == 1.0 and stats["rollout_rs_masked_fraction"] == 1.0
+        assert all(math.isfinite(v) for v in stats.values()), stats
+        assert not loss_mask(logp_old, logp_s, mask, cfg).any()
+
+
+def test_padding_is_ignored():
+    clean = [_loss(GRPOConfig(mis=True)), _loss(GRPOConfig(geo_rs=True, geo_rs_lower=0.8, geo_rs_upper=1.1))]
+    dirty = [
+        _loss(GRPOConfig(mis=True), garbage=1e4),
+        _loss(GRPOConfig(geo_rs=True, geo_rs_lower=0.8, geo_rs_upper=1.1), garbage=math.nan),
+    ]
+    for (lc, sc, gc), (ld, sd, gd) in zip(clean, dirty, strict=True):
+        assert lc.item() == ld.item()
+        assert sc == sd
+        assert torch.equal(gc, gd)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_equal_to_uncorrected_when_sampler_matches_trainer(agg):
+    logp_new, logp_old, adv, mask = _clip_case()
+    plain, _ = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(loss_agg=agg))
+    (g_plain,) = torch.autograd.grad(plain, logp_new)
+    for cfg in (
+        GRPOConfig(loss_agg=agg, mis=True),
+        GRPOConfig(loss_agg=agg, geo_rs=True),
+        GRPOConfig(loss_agg=agg, mis=True, geo_rs=True),
+    ):
+        loss, stats = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_old.clone())
+        (g,) = torch.autograd.grad(loss, logp_new)
+        assert loss.item() == plain.item() and torch.equal(g, g_plain)
+        assert stats["rollout_rs_seq_masked_fraction"] == 0.0
+        assert stats.get("rollout_is_mean", 1.0) == 1.0 and stats.get("geo_rs_ratio_mean", 1.0) == 1.0
+
+
+def test_rollout_correction_errors_and_yaml_keys():
+    logp_new, logp_old, adv, mask = _clip_case()
+    with pytest.raises(ValueError, match=r"cfg\.mis is on: pass logp_sampler"):
+        grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(mis=True))
+    with pytest.raises(ValueError, match=r"cfg\.geo_rs is on"):
+        loss_mask(logp_old, None, mask, GRPOConfig(geo_rs=True))
+    # a profile's rl.grpo section / `--set grpo.x=...` go through from_dict: typos name the key
+    cfg = from_dict(GRPOConfig, {"mis": True, "mis_upper": 3.0}, "rl.grpo")
+    assert cfg.mis and cfg.mis_upper == 3.0 and cfg.rejects
+    with pytest.raises(ConfigError, match=r"rl\.grpo: unknown key 'mis_uper'.*mis_upper"):
+        from_dict(GRPOConfig, {"mis": True, "mis_uper": 3.0}, "rl.grpo")
+    with pytest.raises(ConfigError, match=r"rl\.grpo: .*geo_rs_lower=2.0 > geo_rs_upper"):
+        from_dict(GRPOConfig, {"geo_rs": True, "geo_rs_lower": 2.0}, "rl.grpo")
+
+
+# --------------------------------------------------------------------------------------------------
+# the ablation files reach the loss in a real run: the workflow's own path (profiles.resolve_run ->
+# `minite resolve` -> `minite train --config`), the built-in sampler, the te_nvfp4 recipe, 2 steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ablation", "keys"),
+    [
+        ("te_nvfp4_mis", ("rollout_is_mean", "rollout_is_max", "rollout_is_min", "mis_seq_masked_fraction")),
+        ("te_nvfp4_geo_rs", ("geo_rs_ratio_mean", "geo_rs_ratio_min", "geo_rs_seq_masked_fraction")),
+    ],
+)
+def test_ablation_reaches_the_loss_in_a_real_run(tiny_inputs, tmp_path, ablation, keys):
+    import json
+
+    from minite.commands import resolve, train
+    from minite.profiles import load_profile, resolve_run
+
+    spec = resolve_run(load_profile("tiny"), ablation)
+    assert spec["rl"]["grpo"]["mis" if "mis" in ablation else "geo_rs"] is True
+    assert (
+        resolve.main(
+            [
+                "--spec",
+                json.dumps({k: v for k, v in spec.items() if k != "files"}),
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
+    out = tmp_path / "rl"
+    small = [
+        "steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=5",
+        "grpo.group_size=4",
+        "eval.every=0",
+        "eval.n_examples=8",
+    ]
+    argv = [
+        "--config",
+        str(tmp_path / "run" / "train.yaml"),
+        "--recipe",
+        str(tmp_path / "run" / "recipe.yaml"),
+    ]
+    argv += ["--model-dir", str(tiny_inputs["model_dir"]), "--data-dir", str(tiny_inputs["data_dir"])]
+    argv += ["--out", str(out), "--no-progress", *[a for s in small for a in ("--set", s)]]
+    assert train.main(argv) == 0
+    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 1]
+    for r in recs:
+        assert r["mismatch/logp_abs_diff_mean"] > 0  # te_nvfp4: a real trainer/sampler gap to correct
+        for k in ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction", *keys):
+            v = r[f"train/{k}"]
+            assert math.isfinite(v), (k, v)
+        assert 0.0 <= r["train/rollout_rs_seq_masked_fraction"] <= 1.0
+        assert math.isfinite(r["train/loss"])
+    if "mis" in ablation:  # the weights come from the gap: not all 1
+        assert any(r["train/rollout_is_mean"] != 1.0 for r in recs)
+    else:  # verl's +-0.1% bounds on the geometric mean: this gap rejects sequences
+        assert any(r["train/rollout_rs_seq_masked_fraction"] > 0 for r in recs)

@@ -2,6 +2,12 @@
 real lm-eval, real MLflow, checked through `mlflow server`'s REST API; then what a rerun would do
 after editing an ablation file, a recipe file, or an rl value (dry runs: exactly the dependent jobs).
 
+MLflow live: the workflow starts its own tracking server (workflows/tracking.smk); while it runs, the
+test reads the server's URI from results/test/mlflow/server.json and watches the ablation's RL job
+(made longer than the others, LIVE_STEPS steps) through the REST API: its run is RUNNING with metrics
+up to the step the job just wrote. After the workflow the server is gone, and a server over the same
+store shows every run FINISHED with every step once.
+
 Runs in a temporary working directory with its own copies of configs/recipes and configs/ablations
 (so the test can edit them); ~3-5 minutes on 2 CPU cores. The run is the session fixture `miniature`
 (conftest.py), which test_slurm.py also compares its SLURM run against.
@@ -11,90 +17,26 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from minite.profiles import load_profile, run_names, run_seeds
-from tests.workflow.workflow_helpers import planned_jobs, snakemake
+from tests.mlflow_server import ServerForTests, tags_of
+from tests.workflow.workflow_helpers import LIVE_RUN, LIVE_STEPS, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 PROFILE = "test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """`mlflow server` on 127.0.0.1 over a store; REST helpers."""
-
-    def __init__(self, uri: str, cwd: Path):
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-        ]
-        self.log = (cwd / "mlflow_server.log").open("w")
-        self.proc = subprocess.Popen(
-            cmd, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(1)
-            if self.proc.poll() is not None:
-                break
-        self.stop()
-        raise RuntimeError(f"mlflow server did not start: {(cwd / 'mlflow_server.log').read_text()[-2000:]}")
-
-    def get(self, endpoint: str, **params):
-        url = f"{self.base}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return json.loads(r.read())
-
-    def post(self, path: str, body: dict):
-        req = urllib.request.Request(
-            f"{self.base}/api/2.0/mlflow/{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=20)
-        self.log.close()
+VERBS = {  # stage -> the `minite` verb whose run it is
+    "prepare": "minite log",
+    "rl": "minite train",
+    "eval": "minite eval",
+    "diagnose": "minite diagnose",
+    "throughput_learner": "minite bench learner",
+    "throughput_rollout": "minite bench rollout",
+    "figures": "minite figures",
+    "paper": "minite paper",
+}
 
 
 def _tail(work: Path) -> str:
@@ -121,16 +63,32 @@ def _edit(path: Path, new_text: str):
     return restore
 
 
-def test_workflow_end_to_end(miniature, tmp_path):
-    # the run itself is the session fixture `miniature` (tests/workflow/conftest.py), shared with
-    # test_slurm.py, which compares the same miniature submitted to SLURM against it
-    work, cfgs, config, res = miniature.work, miniature.configs, miniature.config, miniature.result
-    assert config[0] == f"profile={PROFILE}"
-    assert res.returncode == 0, res.stderr[-4000:] + _tail(work)
+def test_workflow_end_to_end(miniature):
+    # the run itself is the session fixture `miniature` (conftest.py), which test_slurm.py also
+    # compares the same miniature submitted to SLURM against
+    work, cfgs, config, samples = miniature.work, miniature.configs, miniature.config, miniature.samples
+    live_base = miniature.live_base
+    res_dir = work / "results" / PROFILE
+    assert miniature.returncode == 0, miniature.log.read_text()[-4000:] + _tail(work)
     print(f"miniature workflow: {miniature.wall_s:.0f} s")
 
+    # --- MLflow while the workflow ran -------------------------------------------------------------------
+    live = [x for x in samples if x["status"] == "RUNNING" and x["steps"]]
+    assert live, samples[-20:]
+    for x in live:  # streamed in order, each step once, never ahead of the job
+        assert x["steps"] == list(range(len(x["steps"]))) and len(x["steps"]) <= x["after"], x
+    # caught mid-run, with MLflow at most one step behind the rows the job had written
+    assert any(0 < len(x["steps"]) < LIVE_STEPS and len(x["steps"]) >= x["before"] - 1 for x in live), live
+    server = json.loads((res_dir / "mlflow" / "server.json").read_text())
+    assert server["uri"].startswith("http://127.0.0.1:") and server["ui"].endswith(
+        "?workflowType=machine_learning"
+    )
+    for pid in (server["supervisor_pid"], server["server_pid"]):  # stopped at onsuccess
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    print(f"live samples: {len(samples)}, RUNNING with steps: {len(live)}")
+
     cfg = load_profile(PROFILE)
-    res_dir = work / "results" / PROFILE
     runs = {r: run_seeds(cfg, r) for r in run_names(cfg)}
     steps = cfg["rl"]["steps"]
     # --- files ---------------------------------------------------------------------------------------
@@ -139,7 +97,7 @@ def test_workflow_end_to_end(miniature, tmp_path):
         for s in seeds:
             d = res_dir / "rl" / run / f"seed{s}"
             recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-            assert [r["step"] for r in recs] == list(range(steps))
+            assert [r["step"] for r in recs] == list(range(LIVE_STEPS if run == LIVE_RUN else steps))
             assert "mismatch/logp_abs_diff_mean" in recs[0] and "eval/accuracy" in recs[-1]
             assert (d / "checkpoint" / "model.safetensors").is_file()
             ev = json.loads((res_dir / "eval" / run / f"seed{s}.json").read_text())
@@ -177,12 +135,14 @@ def test_workflow_end_to_end(miniature, tmp_path):
     manifest = json.loads((res_dir / "figures" / "manifest.json").read_text())
 
     # --- MLflow, through the REST API of a real server --------------------------------------------------
-    server = MlflowServer(f"sqlite:///{res_dir / 'mlflow.db'}", tmp_path)
+    after = ServerForTests(res_dir, PROFILE)  # the workflow's server is gone; its store remains
+    server = after.rest
     try:
         exp = server.get("experiments/get-by-name", experiment_name=PROFILE)["experiment"]
-        found = server.post("runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 1000})[
-            "runs"
-        ]
+        assert {t["key"]: t["value"] for t in exp["tags"]}[
+            "mlflow.experimentKind"
+        ] == "custom_model_development"
+        found = server.runs(PROFILE)
         by_key = {}
         for r in found:
             tags = {t["key"]: t["value"] for t in r["data"].get("tags", [])}
@@ -192,18 +152,31 @@ def test_workflow_end_to_end(miniature, tmp_path):
             f"{st}/{run}/seed{s}" for st in ("rl", "eval", "diagnose") for run, ss in runs.items() for s in ss
         }
         expected |= {f"throughput_{kind}/{r}" for kind in ("learner", "rollout") for r in cfg["recipes"]}
+        expected |= {f"throughput_{kind}/all" for kind in ("learner", "rollout")}  # the jobs' own runs
         assert set(by_key) == expected, set(by_key) ^ expected
         assert len(found) == len(expected)  # one run per key: nothing duplicated
         for key, r in by_key.items():
             assert r["info"]["status"] == "FINISHED", key
             params = {p["key"]: p["value"] for p in r["data"].get("params", [])}
             assert "git_commit" in params, key
+            assert tags_of(r)["mlflow.source.name"] == VERBS[key.split("/")[0]], key  # the Source column
             if key.startswith("rl/"):
                 assert "config_hash" in params and params["recipe_spec.name"] == key.split("/")[1]
                 rid = r["info"]["run_id"]
+                n = LIVE_STEPS if key.split("/")[1] == LIVE_RUN else steps
                 for metric in ("reward_mean", "mismatch/logp_abs_diff_mean", "train/loss"):
-                    hist = server.get("metrics/get-history", run_id=rid, metric_key=metric)["metrics"]
-                    assert sorted(m["step"] for m in hist) == list(range(steps)), (key, metric)
+                    hist = server.history(rid, metric)
+                    assert [s for s, _ in hist] == list(range(n)), (key, metric)  # every step, once
+                contexts = {
+                    {t["key"]: t["value"] for t in i["tags"]}["mlflow.data.context"]
+                    for i in r["inputs"]["dataset_inputs"]
+                }
+                assert contexts == {"training", "evaluation"}, key
+                # the run lasted as long as the job (created at its start, not after it)
+                assert int(r["info"]["end_time"]) - int(r["info"]["start_time"]) > 2000, key
+                sysm = {m["key"] for m in r["data"]["metrics"] if m["key"].startswith("system/")}
+                if key.split("/")[1] == LIVE_RUN:
+                    assert "system/cpu_utilization_percentage" in sysm, (key, sysm)
                 files = {f["path"] for f in server.get("artifacts/list", run_id=rid).get("files", [])}
                 assert {"config.json", "summary.json", "recipe.yaml"} <= files, (key, files)
                 # the figures cite this run
@@ -216,7 +189,7 @@ def test_workflow_end_to_end(miniature, tmp_path):
         tables = {f["path"] for f in server.get("artifacts/list", run_id=fig_run, path="tables")["files"]}
         assert "tables/main.md" in tables and "tables/ablations.csv" in tables
     finally:
-        server.stop()
+        after.stop()
 
     # --- reruns do exactly what depends on the change ---------------------------------------------------
     assert _jobs_after(work, config) == []  # up to date
@@ -225,7 +198,7 @@ def test_workflow_end_to_end(miniature, tmp_path):
     after_rl = {"run_config", "rl", "eval", "diagnose", "figures", "paper", "all"}
 
     path = cfgs / "ablations" / f"{abl}.yaml"
-    restore = _edit(path, path.read_text() + "rl: {optim: {lr: 3.0e-4}}\n")
+    restore = _edit(path, live_base + f"rl: {{steps: {LIVE_STEPS}, optim: {{lr: 3.0e-4}}}}\n")
     jobs = _jobs_after(work, config)
     assert {r for r, _ in jobs} == after_rl
     assert {wc["run"] for _, wc in jobs if "run" in wc} == {abl}
