@@ -54,8 +54,12 @@ die() { log "$*"; exit 1; }
 
 # --- ports: four free TCP ports (slurmctld, slurmd, slurmdbd, mariadb), from /proc/net/tcp* ------------
 listening_ports() {
-  # column 4 (st) 0A = LISTEN; the port is the hex after the colon of column 2
-  awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print strtonum("0x" a[2]) }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+  # column 4 (st) 0A = LISTEN; the port is the hex after the last colon of column 2 (plain awk: no
+  # strtonum in Debian's mawk, so bash converts the hex)
+  local hex
+  for hex in $(awk 'NR > 1 && $4 == "0A" { n = split($2, a, ":"); print a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+    echo $((16#$hex))
+  done
 }
 pick_ports() {
   local used base p ok
