@@ -180,6 +180,17 @@ def _explain(req: _Request, refusal: str, env) -> tuple[list[str], str]:
     return list(causes), "; ".join(facts)
 
 
+def _join_keys(keys: list[str]) -> str:
+    """ "`a` in F", "`b` in F", "`c` in G" -> "`a`, `b` in F; or `c` in G" (one file named once)."""
+    by_place: dict[str, list[str]] = {}
+    for k in keys:
+        key, sep, place = k.partition(" in ")
+        by_place.setdefault(place if sep else "", []).append(key)
+    return "; or ".join(
+        f"{', '.join(ks)} in {place}" if place else ", ".join(ks) for place, ks in by_place.items()
+    )
+
+
 def _shown(resources: dict, name: str) -> str:
     return f"{name}={resources.get(name)!r}"
 
@@ -215,7 +226,7 @@ def refusals(
         if causes:
             values = ", ".join(_shown(req.resources, c) for c in given)
             keys = list(dict.fromkeys(where(rule, c) for c in given or causes for rule in req.rules))
-            fix = f"{values}: change {' or '.join(keys)}" if values else f"set {' or '.join(keys)}"
+            fix = f"{values}: change {_join_keys(keys)}" if values else f"set {_join_keys(keys)}"
         else:
             fix = "check the resources of these rules against the cluster (sinfo, sacctmgr show assoc)"
         msgs.append(f"{head}.\n    {fix}" + (f"\n    ({facts})" if facts else ""))

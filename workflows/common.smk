@@ -193,7 +193,9 @@ def _snakemake_profile():
             given = arg.split("=", 1)[1]
     if not given:
         return "the Snakemake profile (--profile)"
-    return str(Path(given) / "config.yaml") if Path(given).is_dir() else given
+    # a profile is a folder holding config.yaml (or the file itself); relative to where Snakemake
+    # was started, which --directory has left by now
+    return given if given.endswith((".yaml", ".yml")) else f"{given.rstrip('/')}/config.yaml"
 
 
 def slurm_key(rule, name):

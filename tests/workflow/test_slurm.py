@@ -268,7 +268,7 @@ def test_refusals_name_the_key_to_change_before_submitting(case, cluster, tmp_pa
             "slurm_partition='cpu'",
             f"`default-resources: slurm_partition` in {profile}/config.yaml",
             "slurm_partition='gpu'",
-            f"`set-resources: rl: slurm_partition` in {profile}/config.yaml",
+            "`set-resources: rl: slurm_partition`",
             f"partitions: {cluster.partition}",
         ]
     elif case == "account":
