@@ -445,7 +445,7 @@ def test_outputs_equal_the_local_run(slurm_run, miniature):
     diagnose result, and the tables that are not timings. Not compared, because they are wall-clock
     measurements: the throughput results and the figures and tables made from them, the compute
     table (wall time, RSS, CPU time of every job)."""
-    assert miniature.result.returncode == 0, miniature.result.stderr[-3000:]
+    assert miniature.returncode == 0, miniature.log.read_text()[-3000:]
     assert slurm_run.rerun.returncode == 0
     local, remote = miniature.work / "results" / PROFILE, slurm_run.work / "results" / PROFILE
     same_bytes = [
