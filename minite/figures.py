@@ -76,7 +76,7 @@ def load_rl(dirs: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     steps, runs = [], []
     for d in map(Path, dirs):
         cfg = _read_json(d / "config.json")
-        ident = _identity(cfg)
+        ident = {**_identity(cfg), "engine": (cfg.get("sampler") or {}).get("engine", "builtin")}
         seed = int(cfg.get("seed", 0))
         recs = [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines() if ln.strip()]
         recs = [r for r in recs if "reward_mean" in r]  # skipped steps (on_nonfinite: skip) carry no metrics
@@ -156,6 +156,8 @@ def load_diagnose(files: list[str | Path]) -> pd.DataFrame:
                 "routing_agreement": sum(routing) / len(routing) if routing else math.nan,
                 "first_divergent_site": tr.get("first_divergent_site") or "",
                 "top_cause": _top_cause(d),
+                "engine": d.get("engine", ""),
+                "attribution_engine": (d.get("attribution") or {}).get("engine", ""),
                 "mlflow_diagnose_run": (d.get("mlflow") or {}).get("run_id", ""),
                 "file": str(f),
                 "_sites": tr.get("sites") or [],
@@ -687,8 +689,21 @@ def _runs_cell(series: pd.Series) -> str:
     return " ".join(x[:8] for x in series if isinstance(x, str) and x)
 
 
+def _engines(series: pd.Series) -> str:
+    """The engine(s) of a group of rows: "vllm", or "builtin+vllm" when they differ."""
+    return "+".join(sorted({str(x) for x in series.dropna() if str(x)}))
+
+
+def engine_cell(rl: str, other: str = "") -> str:
+    """The sampler engine of a row's numbers: one name when every stage used it, else per stage."""
+    if not other or other == rl:
+        return rl
+    return f"RL {rl}, eval {other}"
+
+
 def summary_table(runs: pd.DataFrame, evals: pd.DataFrame, diag: pd.DataFrame) -> pd.DataFrame:
-    """One row per run (recipe or ablation), seeds aggregated (mean, ± sd across seeds)."""
+    """One row per run (recipe or ablation), seeds aggregated (mean, ± sd across seeds); the engine
+    columns name the sampler engine of each stage's numbers."""
     rows = []
     ev = evals[evals["kind"] == "rl"] if not evals.empty else evals
     primary = ev["task"].iloc[0] if not ev.empty else None
@@ -715,6 +730,12 @@ def summary_table(runs: pd.DataFrame, evals: pd.DataFrame, diag: pd.DataFrame) -
                 "kl_k3": r["kl_k3"].mean(),
                 "final_logp_abs_diff_mean": d["final_logp_abs_diff_mean"].mean() if not d.empty else math.nan,
                 "routing_agreement": d["routing_agreement"].mean() if not d.empty else math.nan,
+                "engine_rl": _engines(r["engine"]) if "engine" in r else "",
+                "engine_eval": _engines(e["engine"]) if not e.empty and "engine" in e else "",
+                "engine_diagnose": _engines(d["engine"]) if not d.empty and "engine" in d else "",
+                "engine_attribution": (
+                    _engines(d["attribution_engine"]) if not d.empty and "attribution_engine" in d else ""
+                ),
                 "reward_last_pm": _pm(r["reward_last"]),
                 "eval_accuracy_pm": _pm(e["exact_match"]) if not e.empty else "",
                 "mlflow_rl_runs": _runs_cell(r["mlflow_rl_run"]),
@@ -729,6 +750,9 @@ def main_table_md(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "recipe": [label(x) for x in t["run"]],
+            "sampler engine": [
+                engine_cell(a, b) for a, b in zip(t["engine_rl"], t["engine_eval"], strict=True)
+            ],
             "seeds": t["seeds"],
             "steps": t["steps"],
             f"reward, first {REWARD_WINDOW} steps": t["reward_first"],
@@ -756,6 +780,7 @@ def ablation_table_md(summary: pd.DataFrame) -> pd.DataFrame:
                 "run": r["run"],
                 "base recipe": r["recipe"],
                 "component switched": r["component"],
+                "sampler engine": engine_cell(r["engine_rl"], r["engine_eval"]),
                 "mean abs Δlogp": r["logp_abs_diff_mean"],
                 "Δ vs base": delta("logp_abs_diff_mean"),
                 "KL k3": r["kl_k3"],
@@ -777,6 +802,7 @@ def throughput_table(tp: dict[str, Any]) -> pd.DataFrame:
         rows.append(
             {
                 "recipe": label(name),
+                "learner engine": "trainer" if lr else "",
                 "learner tok/s": lr.get("tokens_per_s"),
                 "learner ×bf16": lr.get("ratio"),
                 "rollout tok/s": ro.get("tokens_per_s"),
@@ -802,8 +828,11 @@ def eval_table(evals: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def compute_table(bench_files: list[str | Path]) -> pd.DataFrame:
-    """Wall time and peak memory of every job, from Snakemake `benchmark:` records."""
+def compute_table(
+    bench_files: list[str | Path], engines: dict[tuple[str, str], str] | None = None
+) -> pd.DataFrame:
+    """Wall time and peak memory of every job, from Snakemake `benchmark:` records; `engines`:
+    {(stage, job): the sampler engine it ran} where known."""
     rows = []
     for f in map(Path, bench_files):
         try:
@@ -814,16 +843,34 @@ def compute_table(bench_files: list[str | Path]) -> pd.DataFrame:
             continue
         parts = f.with_suffix("").parts
         i = parts.index("benchmarks") if "benchmarks" in parts else len(parts) - 2
+        stage, job = parts[i + 1] if i + 1 < len(parts) else "", "/".join(parts[i + 2 :]) or f.stem
         rows.append(
             {
-                "stage": parts[i + 1] if i + 1 < len(parts) else "",
-                "job": "/".join(parts[i + 2 :]) or f.stem,
+                "stage": stage,
+                "job": job,
+                "engine": (engines or {}).get((stage, job), ""),
                 "wall s": float(b["s"].iloc[0]),
                 "max RSS MB": float(b["max_rss"].iloc[0]) if "max_rss" in b else math.nan,
                 "CPU s": float(b["cpu_time"].iloc[0]) if "cpu_time" in b else math.nan,
             }
         )
     return pd.DataFrame(rows)
+
+
+def job_engines(runs: pd.DataFrame, evals: pd.DataFrame, diag: pd.DataFrame, tp) -> dict:
+    """{(stage, "<run>/seed<S>"): engine} of the jobs whose results say their engine."""
+    out: dict[tuple[str, str], str] = {}
+    for stage, df in (("rl", runs), ("eval", evals), ("diagnose", diag)):
+        if df.empty or "engine" not in df:
+            continue
+        for _, r in df.iterrows():
+            out[(stage, f"{r['run']}/seed{int(r['seed'])}")] = str(r["engine"] or "")
+    rollout = ((tp or {}).get("reports") or {}).get("rollout")
+    if rollout:
+        out[("throughput", "rollout")] = rollout.get("engine", "builtin")
+    if ((tp or {}).get("reports") or {}).get("learner"):
+        out[("throughput", "learner")] = "trainer"
+    return out
 
 
 def write_table(df: pd.DataFrame, out: Path, stem: str) -> list[str]:
@@ -976,7 +1023,7 @@ def build(
             diag_runs,
             "Gap of the final policy on held-out prompts, first divergent site, routing agreement.",
         )
-    ct = compute_table(bench_files)
+    ct = compute_table(bench_files, job_engines(runs, evals, diag, tp))
     if not ct.empty:
         add(
             "tables",

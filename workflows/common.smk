@@ -83,6 +83,76 @@ def resources_of(stage):
     return out
 
 
+# --- vLLM engines: which jobs hold one, and how many may run at once ----------------------------------
+# Every job that holds a vLLM engine (rl, eval, diagnose, throughput_rollout, when their engine is vllm)
+# takes one unit of the resource `vllm_engine` (`snakemake --resources vllm_engine=1` runs them one at a
+# time), and gets MINITE_VLLM_ENGINES: how many engine jobs may run while it runs, itself included.
+# The engine sizes its memory share from that and from the machine it runs on
+# (minite/engines/vllm/memory.py). An environment variable, as OMP_NUM_THREADS is, not a param: params
+# are a rerun trigger, and another --cores must not rerun the engine jobs.
+VLLM_RESOURCE = "vllm_engine"
+ENGINE_STAGES = ("rl", "eval", "diagnose", "throughput")
+
+
+def run_engine(run):
+    """The sampler engine of a run's RL (its rl settings, ablation overrides included)."""
+    return (spec(run)["rl"].get("sampler") or {}).get("engine", "builtin")
+
+
+def stage_engine(stage, run=None):
+    """The sampler engine of a stage's jobs: the stage's own `engine` key, else the run's (or the
+    profile's rl.sampler.engine for jobs of no run: the base model's eval, throughput)."""
+    if stage != "rl":
+        own = (config.get(stage) or {}).get("engine")
+        if own:
+            return own
+    if run is not None:
+        return run_engine(run)
+    return (config["rl"].get("sampler") or {}).get("engine", "builtin")
+
+
+def _resource_value(name):
+    r = workflow.global_resources.get(name) if hasattr(workflow.global_resources, "get") else None
+    r = getattr(r, "value", r)
+    return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def vllm_engines(stage):
+    """vLLM engine jobs that may run at once while a job of `stage` runs, itself included: the cores
+    its own threads leave, over the fewest threads any engine job takes, capped by --resources
+    vllm_engine=N; 1 under a cluster executor (each job its own allocation) and for a stage whose
+    jobs have GPUs of their own (MINITE_GPU_SLOTS)."""
+    if not workflow.local_exec:
+        return 1
+    if job(stage, "gpus") and os.environ.get("MINITE_GPU_SLOTS"):
+        return 1
+    cores = workflow.cores or 1
+
+    def threads(s):  # as the rules ask (throughput: every core, unless jobs.throughput.threads)
+        return min(cores, threads_of(s, cores if s == "throughput" else 1))
+
+    fewest = min([threads(s) for s in ENGINE_STAGES if stage_engine(s) == "vllm"] or [cores])
+    n = 1 + (cores - threads(stage)) // fewest
+    limit = _resource_value(VLLM_RESOURCE)
+    return max(1, min(n, limit) if limit else n)
+
+
+# the shell prefix of an engine job (`{VLLM_ENV[rl]}OMP_NUM_THREADS=... minite ...`)
+VLLM_ENV = {s: f"MINITE_VLLM_ENGINES={vllm_engines(s)} " for s in ENGINE_STAGES}
+
+
+def holds_vllm(stage, run=None):
+    """The `vllm_engine` resource of a job: 1 when it holds a vLLM engine, else 0."""
+    return int(stage_engine(stage, run) == "vllm")
+
+
+def share_flag():
+    """--gpu-memory-utilization of the profile's rl.sampler, for engine jobs that read no run config
+    (the base model's eval, throughput); the run's own value reaches its eval and diagnose jobs."""
+    share = (config["rl"].get("sampler") or {}).get("gpu_memory_utilization")
+    return f" --gpu-memory-utilization {share}" if share is not None else ""
+
+
 def rl_processes():
     """Learner processes of one RL job: jobs.rl.processes, else jobs.rl.gpus (one process per GPU)."""
     return int(job("rl", "processes") or job("rl", "gpus") or 1)

@@ -115,6 +115,12 @@ def _rollout_args(sub) -> None:
     _common(p)
     d = R.RolloutConfig()
     p.add_argument("--engine", choices=list(R.ENGINES), default="builtin", help="vllm: with --model-dir only")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share per engine (default: derived from the machine and the engine jobs at once, "
+        "minite.engines.vllm.memory)",
+    )
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(d.batch_sizes))
     p.add_argument("--prompt-len", type=int, default=d.prompt_len)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -222,10 +228,16 @@ def _run(args: argparse.Namespace, command: str) -> int:
                 max_seconds=args.max_seconds,
             )
             md = R.markdown
+            share = args.gpu_memory_utilization
+            if share is not None:
+                from minite.commands.eval import check_share
+
+                check_share(share)
             report = R.run(
                 recipes,
                 cfg,
                 engine=args.engine,
+                gpu_memory_utilization=share,
                 progress=lambda rep: _write(rep, args.out, md(rep), quiet=True),
                 **kw,
             )
@@ -301,7 +313,12 @@ def log_mlflow(report: dict[str, Any], out: str, experiment: str, job_run_id: st
             run=name,
             seed="all",
             config={"bench": report["config"], "shape": report["shape"], "device": report["device"]},
-            params={"device": report["device"]["label"], "torch": report["environment"]["torch"]},
+            params={
+                "device": report["device"]["label"],
+                "torch": report["environment"]["torch"],
+                # the engine whose numbers these are: the trainer for learner throughput
+                "engine": report.get("engine", "builtin") if report["kind"] == "rollout" else "trainer",
+            },
             metrics=metrics_of(report, name),
             artifacts=[p for p in (path, path.with_suffix(".md"), path.with_suffix(".png")) if p.exists()],
             tags={"device": report["device"]["kind"], "minite.job_run": job_run_id},

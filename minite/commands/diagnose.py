@@ -72,14 +72,24 @@ def main(argv: list[str]) -> int:
         choices=["builtin", "vllm"],
         help="engine of the attribution pairs (default: --engine; vllm: one engine per variant)",
     )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share (default: the run's rl.sampler.gpu_memory_utilization, else derived from "
+        "the machine and the engine jobs at once: minite.engines.vllm.memory)",
+    )
     p.add_argument("--mlflow-experiment")
     p.add_argument("--mlflow-run-name")
     p.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI or the profile's store)")
     args = p.parse_args(argv)
 
     def go() -> int:
+        from minite.commands.eval import check_share
+        from minite.configuration import from_dict
         from minite.diagnostics.report import write_report
         from minite.diagnostics.run import DiagnoseConfig, diagnose
+        from minite.rl.prompts import PromptConfig
+        from minite.rl.rewards import RewardConfig
         from minite.tracking import job_run, run_identity, write_run_ref
 
         rc: dict[str, Any] = {}
@@ -114,6 +124,13 @@ def main(argv: list[str]) -> int:
             trace_sequences=args.trace_sequences,
             attribution=not args.no_attribution,
             attribution_engine=args.attribution_engine,
+            prompt=from_dict(PromptConfig, rc.get("prompt") or {}, where="the run's prompt"),
+            reward=from_dict(RewardConfig, rc.get("reward") or {}, where="the run's reward"),
+            gpu_memory_utilization=(
+                check_share(args.gpu_memory_utilization)
+                if args.gpu_memory_utilization is not None
+                else sampler_cfg.get("gpu_memory_utilization")
+            ),
         )
         ident = run_identity(str(recipe))
         job_cm = contextlib.nullcontext()
@@ -198,6 +215,8 @@ def _log(job, d: dict[str, Any], out: Path) -> None:
     t = d["trace"]
     job.log_params(
         {
+            "engine": d["engine"],
+            "attribution_engine": (d.get("attribution") or {}).get("engine", "none"),
             "first_divergent_site": t["first_divergent_site"],
             "first_nonzero_site": t["first_nonzero_site"],
             "largest_jump_site": t["largest_jump_site"],

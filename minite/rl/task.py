@@ -10,6 +10,16 @@ sets (no prompt appears in both). Splits are stored as JSONL with one `{"prompt"
 per line. The answer is a plain decimal integer (a leading "-" when negative); the completion the
 model is trained to produce is the answer followed by an end-of-answer marker (the tokenizer's EOS,
 see `minite.models.tokenizer`), which `reward` strips before comparing.
+
+How a task plugs into the RL loop (this one is the tiny default; the paper's math task is the other):
+- data: rows of `minite.rl.data.Example` (prompt text or chat messages, answer, data_source), made by
+  the prepare stage into `<prepare>/data/{train,eval}.jsonl` (`minite.rl.data.write_examples`); a
+  generator of its own, like this module's `generate` or `minite.rl.word_problems`, feeds it;
+- prompts: `rl.prompt` (minite.rl.prompts.PromptConfig): `plain` text through the tokenizer (this task,
+  with its character tokenizer) or the model's chat template with an instruction around the problem;
+- reward: a module in `minite.rl.rewards` with `compute_score(solution_str, ground_truth) -> Score`,
+  registered in `REWARDS` (and for `reward.name: auto`, its data_source in `DATA_SOURCES`); this
+  task's is `arith` (`minite.rl.rewards.arith`, the exact match below).
 """
 
 from __future__ import annotations

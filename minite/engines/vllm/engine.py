@@ -46,15 +46,24 @@ Choices, and why:
   then releases vLLM's groups but leaves the learner's default process group alone.
 - Eager mode (`enforce_eager=True`) by default: the minite plugin's pure-torch NVFP4 path has
   data-dependent Python control flow, and on CPU compilation costs more start time than it saves.
+- Memory (minite.engines.vllm.memory): unless the caller gives `gpu_memory_utilization`, the engine's
+  share comes from the machine and from how many engines run at once (`engines`, default
+  MINITE_VLLM_ENGINES, which the workflow sets), and on CPU its KV cache is sized to the work. Before
+  vLLM is imported the platform is checked, and before the engine starts the memory it will take is
+  checked against what is available; a start that cannot work, or a vLLM start error of a known
+  cause, raises EngineStartError naming the cause and the fix (minite.engines.vllm.startup). The
+  plan is `VLLMSampler.memory`, and one line on stderr says it once the engine is up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import gc
 import json
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -64,6 +73,7 @@ import torch
 
 from minite.configuration import ConfigError
 from minite.engines.base import Completion, SamplingParams, WeightUpdate
+from minite.engines.vllm import memory, startup
 from minite.engines.vllm.attention import apply_fixed_attention
 from minite.engines.vllm.layout import PACKED_SUFFIXES, fused_group, module_is_quantized, quantization_config
 from minite.nn.norm import rms_norm_fp32
@@ -205,8 +215,13 @@ class VLLMSampler:
         seed: int = 0,
         max_model_len: int = 1024,
         enforce_eager: bool = True,
+        engines: int | None = None,
+        learner_on_device: bool = False,
         **engine_kwargs: Any,
     ) -> None:
+        """`engines`: vLLM engines that run at once on this device, this one included (default
+        MINITE_VLLM_ENGINES, else 1); `learner_on_device`: the learner shares this engine's GPU (a
+        smaller share there). `gpu_memory_utilization` in `engine_kwargs` is the user's share and wins."""
         self.recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
         self.model_dir = Path(model_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
@@ -229,22 +244,45 @@ class VLLMSampler:
             # the swaps below act on the eager model; a compiled graph would keep vLLM's own ops
             raise ConfigError("VLLMSampler: the recipe's rope / attention swaps need enforce_eager=True")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: see module docstring
-        from vllm import LLM
+        t0 = time.perf_counter()
+        startup.check_platform()
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise startup.EngineStartError(
+                f"vLLM cannot be imported ({e}): reinstall it (`bash scripts/setup.sh`), "
+                f"{startup.BUILTIN_FIX}"
+            ) from e
 
         from minite.engines.vllm.plugin import register
 
         register()
-        t0 = time.perf_counter()
-        self.llm = LLM(
-            model=str(self.model_dir),
-            dtype=dtype,
-            seed=seed,
+        self.memory = memory.plan(
+            self.model_dir,
             max_model_len=max_model_len,
-            skip_tokenizer_init=True,
-            logprobs_mode=LOGPROBS_MODE,
-            enforce_eager=enforce_eager,
-            **engine_kwargs,
+            dtype=dtype,
+            user_share=engine_kwargs.pop("gpu_memory_utilization", None),
+            engines=engines,
+            learner_on_device=learner_on_device,
         )
+        startup.check(self.memory)
+        try:
+            self.llm = LLM(
+                model=str(self.model_dir),
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                skip_tokenizer_init=True,
+                logprobs_mode=LOGPROBS_MODE,
+                enforce_eager=enforce_eager,
+                **self.memory.engine_kwargs(),
+                **engine_kwargs,
+            )
+        except Exception as e:
+            known = startup.explain(e, self.memory)
+            if known is None:
+                raise
+            raise known from e
         spec = self.recipe.sampler
         if spec.fp32_norm:
             self.llm.apply_model(_apply_fp32_norm)
@@ -255,6 +293,13 @@ class VLLMSampler:
             if wanted and not all(self.llm.apply_model(swap)):
                 raise NotImplementedError(f"{swap.__name__}: found no layer to swap in {self.model_dir}")
         self.start_seconds = time.perf_counter() - t0
+        up = datetime.datetime.now().isoformat(timespec="seconds")
+        print(
+            f"minite: vLLM engine ({self.recipe.name}) up at {up} after {self.start_seconds:.1f} s; "
+            f"{self.memory.describe()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # --- introspection ---------------------------------------------------------------------------------
 
