@@ -59,6 +59,20 @@ def threads_of(stage, default=1):
     return job(stage, "threads", default)
 
 
+def all_cores(fallback=1):
+    """Every core Snakemake may use here (`--cores`), for the rules that want the whole machine (the
+    throughput benchmarks). Under a cluster executor (SLURM) there is no --cores: the main process
+    cannot ask (workflow.cores raises) and the job's own Snakemake sees `--cores all`, the whole node,
+    not the job's allocation. Both then take `fallback`, so the CPUs submitted (sbatch
+    --cpus-per-task) and the threads the job runs with agree; set jobs.<stage>.threads to size it."""
+    if workflow.remote_exec:
+        return fallback
+    try:
+        return max(1, workflow.cores or 1)
+    except WorkflowError:
+        return fallback
+
+
 def resources_of(stage):
     """SLURM-style resources of a stage's jobs (local runs only use threads)."""
     out = {}
@@ -222,3 +236,75 @@ def run_targets(run):
 
 def all_targets():
     return [f"paper/{PROFILE}/report.md", f"{RES}/mlflow/prepare.json"]
+
+
+# --- SLURM: ask the cluster before submitting anything (minite/slurm.py) -----------------------------
+
+# the jobs-table stage each rule takes its threads and resources from (threads_of / resources_of)
+JOB_STAGES = {
+    "prepare": "prepare",
+    "rl": "rl",
+    "eval": "eval",
+    "eval_base": "eval",
+    "diagnose": "diagnose",
+    "throughput_learner": "throughput",
+    "throughput_rollout": "throughput",
+}
+_JOBS_KEY = {"gpu": "gpus", "mem_mb": "mem_mb", "runtime": "runtime", "threads": "threads"}
+
+
+def _snakemake_profile():
+    """The Snakemake profile file in use (--profile or $SNAKEMAKE_PROFILE), for messages."""
+    given = os.environ.get("SNAKEMAKE_PROFILE")
+    for i, arg in enumerate(sys.argv):
+        if arg == "--profile" and i + 1 < len(sys.argv):
+            given = sys.argv[i + 1]
+        elif arg.startswith("--profile="):
+            given = arg.split("=", 1)[1]
+    if not given:
+        return "the Snakemake profile (--profile)"
+    # a profile is a folder holding config.yaml (or the file itself); relative to where Snakemake
+    # was started, which --directory has left by now
+    return given if given.endswith((".yaml", ".yml")) else f"{given.rstrip('/')}/config.yaml"
+
+
+def slurm_key(rule, name):
+    """The key that sets resource `name` ("threads" for the CPUs) of `rule`: the one to change."""
+    prof = _snakemake_profile()
+    rs = workflow.resource_settings
+    if name == "threads" and rule in rs.overwrite_threads:
+        return f"`set-threads: {rule}` in {prof}"
+    if name != "threads" and name in (rs.overwrite_resources.get(rule) or {}):
+        return f"`set-resources: {rule}: {name}` in {prof}"
+    stage, key = JOB_STAGES.get(rule), _JOBS_KEY.get(name)
+    if stage and key:
+        table = f"`jobs.{stage}.{key}`"
+        if job(stage, key) is not None:
+            cli = workflow.config_settings.overwrite_config
+            return f"{table} in {P.key_source(PROFILE, ['jobs', stage, key], cli)}"
+        if name == "threads":
+            return f"{table} in {P.profile_path(PROFILE)}"
+        return f"`default-resources: {name}` in {prof} (or set {table} in {P.profile_path(PROFILE)})"
+    if name == "threads":
+        return f"`set-threads: {rule}` in {prof}"
+    return f"`default-resources: {name}` in {prof}"
+
+
+def slurm_preflight():
+    """Under the SLURM executor: every distinct sbatch request of the planned jobs, asked of the
+    cluster with `sbatch --test-only` before the first submission; refusals stop the run with the
+    key to change; and the plugin's status polling made to report cancelled jobs (minite/slurm.py).
+    Other executors, and the jobs' own Snakemake, skip it."""
+    plugin = workflow.executor_plugin
+    if plugin is None or workflow.remote_exec or plugin.name.split("-")[-1] != "slurm":
+        return
+    from minite.slurm import refusals, report_cancelled_jobs
+
+    report_cancelled_jobs()  # else a job cancelled with scancel is waited for forever (minite/slurm.py)
+    jobs = [j for j in workflow.dag.needrun_jobs() if not j.is_local]
+    msgs = refusals(jobs, slurm_key, settings=workflow.executor_settings)
+    if msgs:
+        raise WorkflowError(
+            f"SLURM would refuse {len(msgs)} kind(s) of job; nothing was submitted.\n  "
+            + "\n  ".join(m.replace("\n", "\n  ") for m in msgs)
+        )

@@ -5,9 +5,10 @@
 # (--shape, --layers: how results/bench/*_h200.* were made, scripts/gpu/bench_h200.sh), e.g.
 #   snakemake --cores 16 throughput_learner throughput_rollout --config profile=h200 \
 #       'throughput={shape: qwen3-30b-a3b, activation_reserve_gib: 40}'
-# Each takes every core (threads = --cores), so Snakemake runs them alone, one after the other. The
-# rollout engine is throughput.engine, else rl.sampler.engine; with vLLM each recipe's engine starts
-# once and is timed after a warm-up.
+# Each takes every core (threads = --cores; on a cluster jobs.throughput.threads, else 1: common.smk
+# all_cores), so Snakemake runs them alone, one after the other. The rollout engine is
+# throughput.engine, else rl.sampler.engine; with vLLM each recipe's engine starts once and is timed
+# after a warm-up.
 
 TP = config["throughput"]
 TP_RECIPES = list(dict.fromkeys(["bf16", *(TP.get("recipes") or config["recipes"])]))
@@ -62,7 +63,7 @@ rule throughput_learner:
         f"{LOGS}/throughput/learner.log",
     benchmark:
         f"{BENCH}/throughput/learner.tsv"
-    threads: threads_of("throughput", max(1, workflow.cores or 1))
+    threads: threads_of("throughput", all_cores())
     resources:
         **resources_of("throughput"),
     shell:
@@ -82,7 +83,7 @@ rule throughput_rollout:
         f"{LOGS}/throughput/rollout.log",
     benchmark:
         f"{BENCH}/throughput/rollout.tsv"
-    threads: threads_of("throughput", max(1, workflow.cores or 1))
+    threads: threads_of("throughput", all_cores())
     resources:
         **resources_of("throughput"),
         vllm_engine=holds_vllm("throughput"),

