@@ -29,6 +29,7 @@ config.update(_merged)
 
 
 include: "workflows/common.smk"
+include: "workflows/tracking.smk"
 include: "workflows/prepare.smk"
 include: "workflows/rl.smk"
 include: "workflows/eval.smk"

@@ -12,7 +12,10 @@
     rope.py          fp32 RoPE in one pass, the same bits         <- minite.nn.attention.apply_rope_fp32_ref
     qk_norm_rope.py  q/k fp32 norm + RoPE (+ the KV-cache write) in one launch, the bits of norm.py
                      then rope.py                                 <- AlignedAttention._inputs
-    attention.py     float64 attention core for decode, one kernel <- minite.nn.attention.attention_fp64
+    attention.py     the fixed attention core: one fp32 algorithm (fixed key-block and chunk order) for the
+                     trainer's forward, the sampler's prefill and its split decode
+                                                    <- minite.nn.attention_fixed.fixed_attention_twin
+    attention_bwd.py its backward (flash-style, GQA)             <- float64 autograd (tests)
     routing.py       MoE routing (expert sort) and the ordered combine at decode sizes, one kernel each
                                                                   <- route_by_expert_ref, combine_routed_ref
     router.py        fp32 router logits in one summation order: batch invariant

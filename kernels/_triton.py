@@ -352,7 +352,7 @@ if HAS_TRITON:
             hi = _dequant_half(p, s, True, ROWS, HALF_K)
         return lo, hi
 
-    # _k_order on (the shipped order). scripts/gpu/k_order_ab.py sets it to False in a process of its own to
+    # _k_order on (the shipped order). a process of its own may set it to False (before anything compiles) to
     # time the plain order; trainer and sampler must run one value (it is part of the summation order).
     K_ORDER = tl.constexpr(True)
 
@@ -562,8 +562,9 @@ if HAS_TRITON:
         the other and adds them alike (`total = 0; total += partial_s`). .cg: read the other programs'
         partials from L2, past this SM's L1."""
         total = tl.load(ws_ptr + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+        plane = tl.cast(stride_ws, tl.int64)  # s * plane passes 2^31 from M * N > 2^30 (3+ splits)
         for s in tl.static_range(1, SPLIT_K):
-            total += tl.load(ws_ptr + s * stride_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
+            total += tl.load(ws_ptr + s * plane + offs, mask=wmask, other=0.0, cache_modifier=".cg")
         return total
 
     @triton.jit

@@ -1,219 +1,336 @@
-"""The float64 attention core for decode: the twin of minite.nn.attention.attention_fp64.
+"""The `fixed` attention core on CUDA: one fp32 attention algorithm for the trainer's forward, the
+sampler's prefill and the sampler's decode, each query's output independent of how the work is split.
+Its torch twin (same blocks, same order) is minite.nn.attention_fixed.fixed_attention_twin; the backward
+is minite.kernels.attention_bwd.
 
-Why: the reference runs ~15 torch kernels per layer and converts the whole bf16 KV cache to float64 at
-every decode step. This kernel reads the bf16 cache as it is, one program per (batch row, kv head,
-block of 8 or 16 query rows): the G query heads of a kv head share its keys, so each cached key is read
-by one program, as the reference's grouped matmul does; q·k and e·v run on the fp64 tensor cores
-(tl.dot on float64: DMMA). H200, Hq/Hkv = 32/4, d = 128, one query, unsplit: 74 us against the
-reference's 311 us at B = 64, S = 512; 494 against 1875 us at B = 64, S = 4096; but 369 against 272 us
-at B = 1, S = 4096, where 4 programs walk the whole cache.
+The algorithm, for one query at position p that sees the keys [start, p] of its row (`start`: the first
+real key slot, 0 for the trainer, the left padding in the sampler's cache):
 
-Split over the cache (flash-decoding style) when there are few programs: `_split_count` picks SPLITS
-from the number of (batch row, kv head, row block) tiles, the cache length and the SM count (about 2
-programs per SM, each split at least one key block, at most 32 splits; never from a timing), and each
-tile's keys are cut into SPLITS ranges of whole key blocks. Two launches of one kernel, grid (tiles,
-SPLITS):
+- keys in chunks of SPLIT = 1024, counted from `start` (chunk c = [start + c·SPLIT, start + (c+1)·SPLIT)),
+  each chunk in blocks of BLOCK_N = 64 keys, taken in ascending order;
+- within a chunk an online softmax from (m, l, acc) = (-inf, 0, 0), per block:
+  s = (q·kᵀ) · scale·log2(e) (bf16 operands, fp32 accumulation on the tensor cores), masked to -inf past
+  p; m' = max(m, max s); u = m' (0 if m' = -inf); α = 2^(m − u); P = 2^(s − u); l = l·α + Σ P;
+  acc = acc·α, then acc += bf16(P)·V (the MMA accumulates into acc);
+- the chunks' (m, l, acc) folded in ascending order into (M, L, A), from (-inf, 0, 0), by
+  M' = max(M, m); u = M' (0 if -inf); A = A·2^(M − u) + acc·2^(m − u); L = L·2^(M − u) + l·2^(m − u);
+- out = A / L (0 where L = 0: no visible key), rounded once to bf16/fp16 (nearest even).
 
-- phase 1: each program takes the max of the visible logits of its range and stores it (-inf if none);
-- phase 2: each program takes the max of its tile's SPLITS partial maxima (a max is exact in any order,
-  so m is the unsplit kernel's), then Σ e and Σ e·v over its range with e = exp(logit − m), exactly
-  the unsplit kernel's e, and stores the two partial sums. It then takes a ticket from a per-tile
-  counter (atomic add, acq_rel, GPU scope); the program that draws the last ticket adds the SPLITS
-  partials in the fixed order 0, 1, ..., divides, rounds and stores the output, and resets the counter
-  to 0 for the next launch: the split-K GEMMs' ticket helpers (`_triton._split_k_ticket`, `_split_k_release`)
-  and counter buffer (zeroed int32 per device and stream, `decode._locks`); only the sum of the
-  partials is this kernel's own (SPLITS is a run-time argument, so that a growing cache does not compile
-  a kernel per split count). The sum order never depends on which program finishes last.
+Why each query's bits do not depend on the split:
+- Order. Blocks, chunks and the fold are defined by the query's own keys (counted from `start`), never
+  by the tile, the batch or the phase. FMA contraction is off in every kernel here, so an expression is
+  rounded the same way wherever it is compiled.
+- Extra work is the identity. A tile of many queries (the trainer's, the prefill's) walks the blocks up
+  to its last query; for an earlier query the blocks past its position are fully masked: m' = m, α =
+  2^0 = 1, P = 0, so l·1 + 0 = l and acc·1 + 0·V = acc exactly (V there is finite: real keys, or zeros
+  loaded past the valid range). A chunk a query does not reach folds in as (-inf, 0, 0): 2^(m − u) = 0,
+  2^(M − u) = 1, the identity again. Folding the first chunk into (-inf, 0, 0) gives it back exactly
+  (acc·1 + 0; acc never holds -0, as the MMA adds to a +0 start), so a one-chunk query may skip the
+  fold (`SINGLE`, and decode's one-chunk tiles) with the same bits.
+- Rows do not interact. Row r of every tile computes only from q's row r; the row reductions (max, sum)
+  see the same layout in every path, and every dot runs the same wgmma instruction (m64, k16 steps): the
+  trainer's tile is 128 query rows on 8 warps (two warpgroups, each 64 rows, the warp grid [8, 1]), the
+  decode tile 64 rows (a kv head's G query heads times its queries, padded) on 4 warps ([4, 1]).
+  results/bench/history/decode_h200.md found wgmma tiles of any shape give the same bits and a 16-row mma.sync
+  tile does not: no path here may take a tile under 64 rows, or 8 warps over 64 rows.
+- Decode spreads a long cache over programs by chunk: program (row tile, c) computes chunk c's (m, l,
+  acc) and stores it; the last program of the tile to finish (a ticket: the split-K helpers of
+  minite.kernels._triton) folds the chunks in order 0, 1, ... as above and writes the output. A tile
+  that needs one chunk writes it directly. The chunk grid comes from the cache capacity and the query
+  position is read on the device, so a captured CUDA graph replays at every cache length.
 
-SPLITS = 1 runs the whole cache in one program and one launch (PHASE 0), as before the split. The
-split changes only the order of the float64 sums (partial sums, then their sum), a step that is
-order-dependent anyway (below), so the bits stay the reference's under the same condition. SPLITS
-depends on B (through the tile count), so a row's sum order can change with the batch size; its bits
-only with the same ~1e-16 odds.
+Rows see [start, p]: `kv_start` (B,) gives start per batch row (default 0), `q_start` (B,) or an int
+the slot of query 0 (query l sits at q_start + l; default S − L, the queries being the last L keys).
+A query before `start` (left padding) sees nothing and gives 0.
 
-Arithmetic, step by step the reference's:
-
-- logits = (q·k) · scale in float64. Products of two bf16 (or fp16) numbers are exact in float64 and
-  their sum over d <= 256 is exact for any realistic exponent spread, so q·k does not depend on the
-  summation order (tl.dot, FMA or not) and the logits are the reference's bits. scale travels as the
-  bits of a double: Triton would round a python float argument to float32.
-- Two passes over the keys, not an online softmax: pass 1 takes the row max m of the visible logits
-  (0 where none is visible or it is not finite, as the reference), pass 2 takes e = exp(logit − m), so
-  every exp sees the reference's argument (no rescaling by a running max, whose products would round
-  differently). The exp is the CUDA math library's double exp (libdevice __nv_exp, what torch's CUDA
-  exp calls) on the GPU and numpy's under the interpreter (torch's CPU exp may differ from it by an
-  ulp: the same ~1e-16 class as the sums below). FMA contraction is off, so logit − m is not fused
-  with the scale product.
-- denom = Σ e and acc = Σ e·v in float64, out = acc / denom (1 where denom == 0: such a row is 0).
-  These sums (split: the partial sums and their sum) are the only order-dependent steps (~1e-16
-  relative), so the rounded result equals the reference's unless a value lies within ~1e-16 of a
-  rounding boundary of the output dtype.
-- Rounding: torch converts double to bf16/fp16 through float (c10::BFloat16 and c10::Half are built
-  from a float), i.e. float64 -> float32 (RNE) -> 16 bits (RNE); a double rounding that differs from a
-  direct one near ties. The kernel does the same: .to(float32), then `_bf16_bits_rne` for bf16 (the
-  interpreter truncates bf16 casts) or the fp16 cast (RNE on both).
+Under TRITON_INTERPRET=1 the dots are numpy matmuls and bf16 casts truncate; P is rounded to bf16 on
+its bits there (`_bf16_round`), so the interpreter rounds as the GPU does.
 """
 
 from __future__ import annotations
 
-import struct
+import math
 
 import torch
 
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
-from .decode import _locks, _sm_count
+from .decode import _locks
 
-_MAX_ROWS = 64  # G * L beyond this is prefill: the reference (with autograd) is the path there
-# Cache split (see the module docstring): programs for about this many per SM, each split at least this
-# many key blocks, at most this many splits (the last program adds them all serially). From the sweep of
-# scripts/gpu/attention_tiles.py on an H200 (32/4 heads of 128, 64-key blocks; results/bench/
-# attention_tiles_h200.txt): one block a program was the fastest split wherever the tiles leave SMs idle
-# (B = 1, S = 256: 13.7 us against 18.9 with two blocks; B = 16, S = 256: 18.5 against 20.5), and B = 1,
-# S = 4096 took 29.3 us with 32 splits against 36.4 with 16. B = 64 stays unsplit (the sweep's best).
-_PROGRAMS_PER_SM = 2
-_MIN_SPLIT_STEPS = 1
-_MAX_SPLITS = 32
-
-
-def _split_count(tiles: int, steps: int, device_index: int = 0) -> int:
-    """Number of programs the cache of one (batch row, kv head, row block) is split over: enough for
-    ~_PROGRAMS_PER_SM programs per SM over all `tiles`, each with >= _MIN_SPLIT_STEPS of the `steps` key
-    blocks. A function of the shapes and the GPU only (never of a timing): the sums' order is fixed for a
-    given (B, Hkv, G * L, S)."""
-    want = max(1, _PROGRAMS_PER_SM * _sm_count(device_index) // max(tiles, 1))
-    return max(1, min(want, _MAX_SPLITS, steps // _MIN_SPLIT_STEPS))
-
+BLOCK_N = 64  # keys per block: part of the algorithm (the trainer and the sampler must agree)
+SPLIT = 1024  # keys per chunk: part of the algorithm, a multiple of BLOCK_N
+FWD_BLOCK_M, FWD_WARPS = 128, 8  # the trainer's / prefill's tile: two warpgroups of 64 rows
+DEC_BLOCK_M, DEC_WARPS = 64, 4  # the decode tile: one warpgroup, G * L <= 64 query rows of a kv head
+LOG2E = 1.4426950408889634
+# the last compiled kernel of each path, the backward's too (registers, spills: benches)
+LAUNCHED: dict[str, object] = {}
 
 if HAS_TRITON:
-    from triton.language.extra import libdevice
-
-    from ._triton import _split_k_release, _split_k_ticket, _store_out
+    from ._triton import _bf16_round, _split_k_release, _split_k_ticket, _store_out
 
     @triton.jit
-    def _round_f64_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + i, mask=i < N, other=0.0)
-        _store_out(y_ptr + i, x.to(tl.float32), i < N, BF16)  # as the attention kernel rounds
+    def _dot(a, b, INTERP: tl.constexpr):
+        """a @ b of 16-bit operands in fp32. On the interpreter (whose bf16 dot is wrong in Triton 3.6,
+        and whose numpy fp32 matmul sums a row in an order that depends on its place in the tile) in
+        float64, rounded once: products of 16-bit numbers are exact there and their sum exact for any
+        realistic spread, so the interpreter's result does not depend on the tile, as the GPU's wgmma
+        does not (results/bench/history/decode_h200.md)."""
+        if INTERP:
+            return tl.dot(
+                a.to(tl.float64), b.to(tl.float64), input_precision="ieee", out_dtype=tl.float64
+            ).to(tl.float32)
+        return tl.dot(a, b)
 
     @triton.jit
-    def _f64(x):
-        """x as float64, passed through a reduction over a size-1 axis (exact: one element). The
-        reduction hides where x came from: Triton 3.6 derives an MMA operand's kWidth from the narrowest
-        load feeding it (bf16 k/v, the uint8 keep mask), and its fp64 MMA lowering then fails
-        ("fp64 don't support largeK MMA"); the backward search for that load stops at a reduction."""
-        return tl.max(x.to(tl.float64)[:, :, None], axis=2)
+    def _dot_acc(a, b, acc, INTERP: tl.constexpr):
+        """acc + a @ b, the MMA accumulating into acc (float64 on the interpreter, as `_dot`)."""
+        if INTERP:
+            a64, b64, c64 = a.to(tl.float64), b.to(tl.float64), acc.to(tl.float64)
+            return tl.dot(a64, b64, c64, input_precision="ieee", out_dtype=tl.float64).to(tl.float32)
+        return tl.dot(a, b, acc)
 
     @triton.jit
-    def _logits(
-        q,
-        k_base,
-        keep_row,
-        s0,
-        S,
-        cols,
-        rmask,
-        scale,
-        sks,
-        sms,
-        HAS_KEEP: tl.constexpr,
-        BLOCK_S: tl.constexpr,
-    ):
-        """(BLOCK_R, BLOCK_S) float64 logits of keys s0.., -inf where masked or past S."""
-        keys = s0 + tl.arange(0, BLOCK_S)
-        smask = keys < S
-        k = tl.load(k_base + keys[:, None] * sks + cols[None, :], mask=smask[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(_f64(k)), input_precision="ieee", out_dtype=tl.float64) * scale
-        vis = smask[None, :]
-        if HAS_KEEP:
-            kv = tl.load(keep_row[:, None] + keys[None, :] * sms, mask=rmask[:, None] & vis, other=0)
-            vis = vis & (kv != 0)
-        return tl.where(vis, qk, float("-inf")), keys, smask
+    def _p_operand(p, like, INTERP: tl.constexpr):
+        """P as the second MMA's 16-bit operand (the dtype of `like`), rounded to nearest even (the
+        interpreter truncates casts: round on the bits there, after which the cast is exact)."""
+        if INTERP and like.dtype == tl.bfloat16:
+            p = _bf16_round(p)
+        return p.to(like.dtype)
 
     @triton.jit
-    def _store_result(ptrs, acc, denom, rmask, BF16: tl.constexpr, F64: tl.constexpr):
-        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
-        if F64:  # the unrounded result, for the tests
-            tl.store(ptrs, out, mask=rmask[:, None])
-        else:  # as torch's .to() rounds float64 to 16 bits: via float32, round to nearest even twice
-            _store_out(ptrs, out.to(tl.float32), rmask[:, None], BF16)
-
-    @triton.jit
-    def _row_max(
-        q,
-        k_base,
-        keep_row,
-        s_lo,
-        s_hi,
-        S,
-        cols,
-        rmask,
-        scale,
-        sks,
-        sms,
-        HAS_KEEP: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_S: tl.constexpr,
-    ):
-        """(BLOCK_R,) max of the visible logits of keys [s_lo, s_hi), -inf where none is visible."""
-        m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
-        for s0 in range(s_lo, s_hi, BLOCK_S):
-            x, _, _ = _logits(q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S)
-            m = tl.maximum(m, tl.max(x, axis=1))
-        return m
-
-    @triton.jit
-    def _exp_sums(
+    def _block(
         q,
         k_base,
         v_base,
-        keep_row,
-        m,
-        s_lo,
-        s_hi,
-        S,
-        cols,
-        rmask,
-        scale,
         sks,
         svs,
-        sms,
-        HAS_KEEP: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_S: tl.constexpr,
-        D: tl.constexpr,
-        LIBDEVICE: tl.constexpr,
+        k0,
+        k_hi,
+        qpos,
+        m,
+        l,  # noqa: E741
+        acc,
+        scale2,
+        cols,
+        BLOCK_N: tl.constexpr,
+        MASK: tl.constexpr,
+        INTERP: tl.constexpr,
     ):
-        """Σ e and Σ e·v over keys [s_lo, s_hi) in float64, e = exp(logit − m) (0 where not visible)."""
-        denom = tl.zeros((BLOCK_R,), tl.float64)
-        acc = tl.zeros((BLOCK_R, D), tl.float64)
-        for s0 in range(s_lo, s_hi, BLOCK_S):
-            x, keys, smask = _logits(
-                q, k_base, keep_row, s0, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_S
-            )
-            if LIBDEVICE:
-                e = libdevice.exp(x - m[:, None])
-            else:
-                e = tl.exp(x - m[:, None])
-            denom += tl.sum(e, axis=1)
-            v = tl.load(v_base + keys[:, None] * svs + cols[None, :], mask=smask[:, None], other=0.0)
-            acc = tl.dot(_f64(e), _f64(v), acc, input_precision="ieee", out_dtype=tl.float64)
-        return denom, acc
+        """One key block [k0, k0 + BLOCK_N) of the online softmax (module docstring). MASK: some key of
+        the block lies past some row's position (or past k_hi, the last key any row sees + 1)."""
+        keys = k0 + tl.arange(0, BLOCK_N)
+        kt_ptrs = k_base + keys[None, :] * sks + cols[:, None]
+        v_ptrs = v_base + keys[:, None] * svs + cols[None, :]
+        if MASK:
+            kmask = keys < k_hi
+            kt = tl.load(kt_ptrs, mask=kmask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=kmask[:, None], other=0.0)
+        else:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        s = _dot(q, kt, INTERP) * scale2
+        if MASK:
+            s = tl.where(keys[None, :] <= qpos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        u = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - u)
+        p = tl.math.exp2(s - u[:, None])
+        l = l * alpha + tl.sum(p, 1)  # noqa: E741
+        acc = acc * alpha[:, None]
+        acc = _dot_acc(_p_operand(p, v, INTERP), v, acc, INTERP)
+        return m_new, l, acc
 
-    @triton.jit(do_not_specialize=["scale_bits", "SPLITS"])
-    def _attention_fp64_decode_kernel(
+    @triton.jit
+    def _chunk(
+        q,
+        k_base,
+        v_base,
+        sks,
+        svs,
+        qpos,
+        lo_pos,
+        c_lo,
+        c_hi,
+        scale2,
+        cols,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        D: tl.constexpr,
+        INTERP: tl.constexpr,
+    ):
+        """(m, l, acc) of the keys [c_lo, c_hi) of one chunk for a tile of query rows at positions qpos
+        (the smallest lo_pos): first the blocks every row sees whole, then the masked ones."""
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)  # noqa: E741
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        n_full = tl.maximum(tl.minimum(c_hi, lo_pos + 1) - c_lo, 0) // BLOCK_N
+        full_hi = c_lo + n_full * BLOCK_N
+        for k0 in range(c_lo, full_hi, BLOCK_N):
+            m, l, acc = _block(  # noqa: E741
+                q, k_base, v_base, sks, svs, k0, c_hi, qpos, m, l, acc, scale2, cols, BLOCK_N, False, INTERP
+            )
+        for k0 in range(full_hi, c_hi, BLOCK_N):
+            m, l, acc = _block(  # noqa: E741
+                q, k_base, v_base, sks, svs, k0, c_hi, qpos, m, l, acc, scale2, cols, BLOCK_N, True, INTERP
+            )
+        return m, l, acc
+
+    @triton.jit
+    def _fold(m_run, l_run, a_run, m, l, acc):  # noqa: E741
+        """Fold a chunk's (m, l, acc) into the running (M, L, A) (module docstring)."""
+        m_new = tl.maximum(m_run, m)
+        u = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.math.exp2(m_run - u)
+        b = tl.math.exp2(m - u)
+        a_run = a_run * a[:, None] + acc * b[:, None]
+        l_run = l_run * a + l * b
+        return m_new, l_run, a_run
+
+    @triton.jit
+    def _finish(a_run, l_run):
+        return a_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
+
+    @triton.jit
+    def _row_window(
+        kvs_ptr, qs_ptr, b, kv_start0, q_start0, KV_START_T: tl.constexpr, Q_START_T: tl.constexpr
+    ):
+        if KV_START_T:
+            start = tl.load(kvs_ptr + b)
+        else:
+            start = kv_start0
+        if Q_START_T:
+            q0 = tl.load(qs_ptr + b)
+        else:
+            q0 = q_start0
+        return start, q0
+
+    @triton.jit(do_not_specialize=["kv_start0", "q_start0", "L", "S"])
+    def _attention_fwd_kernel(
         q_ptr,
         k_ptr,
         v_ptr,
-        keep_ptr,
         o_ptr,
+        lse_ptr,
+        kvs_ptr,
+        qs_ptr,
+        kv_start0,
+        q_start0,
+        scale2,
+        L,
+        S,
+        HQ,
+        sqb,
+        sqh,
+        sql,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        sob,
+        soh,
+        sol,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLIT: tl.constexpr,
+        KV_START_T: tl.constexpr,
+        Q_START_T: tl.constexpr,
+        SINGLE: tl.constexpr,
+        STORE_LSE: tl.constexpr,
+        BF16_OUT: tl.constexpr,
+        INTERP: tl.constexpr,
+    ):
+        """Program (query block, batch row x query head): BLOCK_M consecutive queries of one head. SINGLE:
+        the host knows every query's keys fit one chunk. STORE_LSE: the log2-sum-exp2 of the scaled
+        logits per query, for the backward (+inf where no key is visible)."""
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = (pid_bh // HQ).to(tl.int64)
+        h = (pid_bh % HQ).to(tl.int64)
+        kvh = h // G
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < L
+        cols = tl.arange(0, D)
+        start, q0 = _row_window(kvs_ptr, qs_ptr, b, kv_start0, q_start0, KV_START_T, Q_START_T)
+        qpos = q0 + rows
+        q = tl.load(
+            q_ptr + b * sqb + h * sqh + rows[:, None].to(tl.int64) * sql + cols[None, :],
+            mask=rmask[:, None],
+            other=0.0,
+        )
+        k_base = k_ptr + b * skb + kvh * skh
+        v_base = v_ptr + b * svb + kvh * svh
+        lo_pos = q0 + pid_m * BLOCK_M
+        kend = tl.minimum(q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, L), S)  # last key any row sees + 1
+        if SINGLE:
+            m_run, l_run, a_run = _chunk(
+                q,
+                k_base,
+                v_base,
+                sks,
+                svs,
+                qpos,
+                lo_pos,
+                start,
+                kend,
+                scale2,
+                cols,
+                BLOCK_M,
+                BLOCK_N,
+                D,
+                INTERP,
+            )
+        else:
+            m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            l_run = tl.zeros((BLOCK_M,), tl.float32)
+            a_run = tl.zeros((BLOCK_M, D), tl.float32)
+            for c_lo in range(start, kend, SPLIT):
+                c_hi = tl.minimum(c_lo + SPLIT, kend)
+                m, l, acc = _chunk(  # noqa: E741
+                    q,
+                    k_base,
+                    v_base,
+                    sks,
+                    svs,
+                    qpos,
+                    lo_pos,
+                    c_lo,
+                    c_hi,
+                    scale2,
+                    cols,
+                    BLOCK_M,
+                    BLOCK_N,
+                    D,
+                    INTERP,
+                )
+                m_run, l_run, a_run = _fold(m_run, l_run, a_run, m, l, acc)
+        out = _finish(a_run, l_run)
+        o_ptrs = o_ptr + b * sob + h * soh + rows[:, None].to(tl.int64) * sol + cols[None, :]
+        _store_out(o_ptrs, out, rmask[:, None], BF16_OUT)
+        if STORE_LSE:
+            u = tl.where(m_run > float("-inf"), m_run, 0.0)
+            lse = tl.where(l_run > 0, u + tl.math.log2(tl.where(l_run > 0, l_run, 1.0)), float("inf"))
+            tl.store(lse_ptr + pid_bh.to(tl.int64) * L + rows, lse, mask=rmask)
+
+    @triton.jit(do_not_specialize=["kv_start0", "q_start0", "L", "S"])
+    def _attention_decode_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        o_ptr,
+        kvs_ptr,
+        qs_ptr,
         m_ws,
-        d_ws,
+        l_ws,
         a_ws,
         cnt_ptr,
-        scale_bits,
+        kv_start0,
+        q_start0,
+        scale2,
+        L,
         S,
-        S_PER,
-        SPLITS,
         HKV,
         sqb,
         sqh,
@@ -224,262 +341,321 @@ if HAS_TRITON:
         svb,
         svh,
         svs,
-        smb,
-        smh,
-        sml,
-        sms,
+        sob,
+        soh,
+        sol,
         G: tl.constexpr,
-        L: tl.constexpr,
         D: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_S: tl.constexpr,
-        HAS_KEEP: tl.constexpr,
-        BF16: tl.constexpr,
-        F64: tl.constexpr,
-        LIBDEVICE: tl.constexpr,
-        PHASE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLIT: tl.constexpr,
+        KV_START_T: tl.constexpr,
+        Q_START_T: tl.constexpr,
+        BF16_OUT: tl.constexpr,
+        INTERP: tl.constexpr,
     ):
-        """PHASE 0: the whole cache in one program (both passes, then the output). With the cache split
-        over SPLITS programs (grid axis 2, S_PER keys each, a multiple of BLOCK_S): PHASE 1 stores the
-        partial row maxima to m_ws; PHASE 2 takes their max, stores its partial Σ e and Σ e·v to d_ws
-        and a_ws, and the last program of a (batch row, kv head, row block) to take a ticket adds the
-        partials in split order and writes the output."""
-        pid = tl.program_id(0)
-        b = (pid // HKV).to(tl.int64)
-        kvh = (pid % HKV).to(tl.int64)
-        r = tl.arange(0, BLOCK_R)
-        rows = tl.program_id(1) * BLOCK_R + r  # row r = g * L + l, as the reference
-        rmask = rows < G * L
-        h = kvh * G + (rows // L).to(tl.int64)  # query head
-        l = (rows % L).to(tl.int64)  # noqa: E741
+        """Program (batch row x kv head, chunk): the G * L query rows of one kv head (row r = g * L + l,
+        query head kvh * G + g, query l) against one chunk of its cache (module docstring)."""
+        tile = tl.program_id(0)
+        c = tl.program_id(1)
+        b = (tile // HKV).to(tl.int64)
+        kvh = tile % HKV
+        r = tl.arange(0, BLOCK_M)
+        GL = G * L
+        rmask = r < GL
+        h = kvh * G + r // L  # 32-bit offsets within a batch row (the wrapper checks they fit)
+        lq = r % L
         cols = tl.arange(0, D)
-        q_off = b * sqb + h[:, None] * sqh + l[:, None] * sql + cols[None, :]
-        q = _f64(tl.load(q_ptr + q_off, mask=rmask[:, None], other=0.0))
-        k_base = k_ptr + b * skb + kvh * skh
-        v_base = v_ptr + b * svb + kvh * svh
-        keep_row = keep_ptr + b * smb + h * smh + l * sml
-        scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True)
-        o_off = ((b * (HKV * G) + h[:, None]) * L + l[:, None]) * D + cols[None, :]
-        # the workspaces hold one plane per split, BLOCK_R rows (of D for a_ws) per (batch row, kv head,
-        # row block) tile in a plane
-        tile = pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
-        plane = tl.num_programs(0).to(tl.int64) * tl.num_programs(1) * BLOCK_R
-        row_off = tile * BLOCK_R + r
-        offs = row_off[:, None] * D + cols[None, :]
-        if PHASE == 0:
-            s_lo = 0
-            s_hi = S
-        else:
-            s_lo = tl.multiple_of(tl.program_id(2) * S_PER, BLOCK_S)  # whole key blocks (the wrapper rounds)
-            s_hi = tl.minimum(s_lo + S_PER, S)
-
-        if PHASE == 2:  # the max over all splits: exact in any order
-            m = tl.full((BLOCK_R,), float("-inf"), tl.float64)
-            for sp in range(0, SPLITS):
-                m = tl.maximum(m, tl.load(m_ws + sp * plane + row_off, mask=rmask, other=float("-inf")))
-        else:
-            m = _row_max(
-                q, k_base, keep_row, s_lo, s_hi, S, cols, rmask, scale, sks, sms, HAS_KEEP, BLOCK_R, BLOCK_S
+        start, q0 = _row_window(kvs_ptr, qs_ptr, b, kv_start0, q_start0, KV_START_T, Q_START_T)
+        qpos = q0 + lq
+        kend = tl.minimum(q0 + L, S)
+        n_chunks = tl.where(kend > start, (kend - 1 - start) // SPLIT + 1, 0)
+        if (c < n_chunks) | (c == 0):
+            q = tl.load(
+                q_ptr + b * sqb + h[:, None] * sqh + lq[:, None] * sql + cols[None, :],
+                mask=rmask[:, None],
+                other=0.0,
             )
-        if PHASE == 1:
-            tl.store(m_ws + tl.program_id(2) * plane + row_off, m, mask=rmask)
-        else:
-            m = tl.where(tl.abs(m) < float("inf"), m, 0.0)  # no visible key (-inf), or an inf/NaN logit
-            denom, acc = _exp_sums(
-                q,
-                k_base,
-                v_base,
-                keep_row,
-                m,
-                s_lo,
-                s_hi,
-                S,
-                cols,
-                rmask,
-                scale,
-                sks,
-                svs,
-                sms,
-                HAS_KEEP,
-                BLOCK_R,
-                BLOCK_S,
-                D,
-                LIBDEVICE,
+            k_base = k_ptr + b * skb + kvh.to(tl.int64) * skh
+            v_base = v_ptr + b * svb + kvh.to(tl.int64) * svh
+            c_lo = start + c * SPLIT
+            c_hi = tl.minimum(c_lo + SPLIT, kend)
+            m, l, acc = _chunk(  # noqa: E741
+                q, k_base, v_base, sks, svs, qpos, q0, c_lo, c_hi, scale2, cols, BLOCK_M, BLOCK_N, D, INTERP
             )
-            if PHASE == 0:
-                _store_result(o_ptr + o_off, acc, denom, rmask, BF16, F64)
+            o_base = o_ptr + b * sob  # the output pointers are formed at the stores (registers)
+            if n_chunks <= 1:
+                o_offs = h[:, None] * soh + lq[:, None] * sol + cols[None, :]
+                _store_out(o_base + o_offs, _finish(acc, l), rmask[:, None], BF16_OUT)
             else:
-                split = tl.program_id(2)
-                tl.store(d_ws + split * plane + row_off, denom, mask=rmask)  # before the ticket's barrier
+                # partials: one plane per chunk, GL rows (of D for a_ws) per tile; 32-bit offsets
+                plane = tl.num_programs(0) * GL
+                row_off = tile * GL + r
+                tl.store(m_ws + c * plane + row_off, m, mask=rmask)
+                tl.store(l_ws + c * plane + row_off, l, mask=rmask)
+                offs = row_off[:, None] * D + cols[None, :]
                 wmask = rmask[:, None]
-                ticket = _split_k_ticket(acc, a_ws, plane * D, cnt_ptr, tile, split, offs, wmask)
-                if ticket == SPLITS - 1:  # the tile's last program: the partials added in split order
-                    # `_split_k_total`'s sum, with a run-time SPLITS: a constexpr one would compile a
-                    # kernel for every split count a growing cache passes through
-                    denom = tl.load(d_ws + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
-                    acc = tl.load(a_ws + offs, mask=wmask, other=0.0, cache_modifier=".cg")
-                    for sp in range(1, SPLITS):
-                        denom += tl.load(
-                            d_ws + sp * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg"
+                ticket = _split_k_ticket(acc, a_ws, plane * D, cnt_ptr, tile, c, offs, wmask)
+                if ticket == n_chunks - 1:  # the tile's last program: fold the chunks in order
+                    m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                    l_run = tl.zeros((BLOCK_M,), tl.float32)
+                    a_run = tl.zeros((BLOCK_M, D), tl.float32)
+                    for cc in range(0, n_chunks):
+                        mc = tl.load(m_ws + cc * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
+                        lc = tl.load(l_ws + cc * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
+                        ac = tl.load(
+                            a_ws + cc * plane * D + offs, mask=wmask, other=0.0, cache_modifier=".cg"
                         )
-                        acc += tl.load(
-                            a_ws + sp * plane * D + offs, mask=wmask, other=0.0, cache_modifier=".cg"
-                        )
-                    _store_result(o_ptr + o_off, acc, denom, rmask, BF16, F64)
+                        m_run, l_run, a_run = _fold(m_run, l_run, a_run, mc, lc, ac)
+                    o_offs = h[:, None] * soh + lq[:, None] * sol + cols[None, :]
+                    _store_out(o_base + o_offs, _finish(a_run, l_run), rmask[:, None], BF16_OUT)
                     _split_k_release(cnt_ptr, tile)
 
 
-def _reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None):
-    """None if the kernel takes these inputs, else (exception type, message)."""
-    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        return TypeError, f"needs bf16/fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-    if keep is not None and keep.dtype != torch.bool:
-        return TypeError, f"keep must be a bool mask or None, got {keep.dtype}"
-    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-        return ValueError, f"needs q (B, Hq, L, d), k = v (B, Hkv, S, d): {_shapes(q, k, v)}"
-    (b, hq, lq, d), (bk, hkv, s, dk) = q.shape, k.shape
-    if b != bk or d != dk or hkv == 0 or hq % hkv:
-        return ValueError, f"batch/head dims do not match (Hq a multiple of Hkv): {_shapes(q, k, v)}"
-    if d < 16 or d > 256 or d & (d - 1):
-        return ValueError, f"head dim must be a power of two in [16, 256], got {d}"
-    if hq // hkv * lq > _MAX_ROWS:
-        return ValueError, f"G * L = {hq // hkv * lq} query rows per kv head > {_MAX_ROWS} (decode only)"
-    if keep is not None:
-        try:
-            fits = keep.ndim <= 4 and torch.broadcast_shapes(keep.shape, (b, hq, lq, s)) == (b, hq, lq, s)
-        except RuntimeError:
-            fits = False
-        if not fits:
-            return ValueError, f"keep {tuple(keep.shape)} does not broadcast to {(b, hq, lq, s)}"
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, keep)):
-        return ValueError, "inputs require grad: the kernel has no backward (use attention_fp64)"
-    return None
+# --- host side ----------------------------------------------------------------------------------------------
 
 
 def _shapes(*ts: torch.Tensor) -> str:
     return ", ".join(str(tuple(t.shape)) for t in ts)
 
 
-def attention_decode_supported(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
-) -> bool:
-    """The kernel's case (the device is the caller's check): bf16/fp16 q, k, v of one dtype, head dim a
-    power of two in [16, 256], G * L <= 64 query rows per kv head, keep None or a bool mask that
-    broadcasts to (B, Hq, L, S), and no gradient wanted."""
-    return _reason(q, k, v, keep) is None
+def _reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[type[Exception], str] | None:
+    """None if the kernels take these inputs, else (exception type, message)."""
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return TypeError, f"needs bf16/fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        return ValueError, f"needs q (B, Hq, L, d), k = v (B, Hkv, S, d): {_shapes(q, k, v)}"
+    (b, hq, _, d), (bk, hkv, _, dk) = q.shape, k.shape
+    if b != bk or d != dk or hkv == 0 or hq % hkv:
+        return ValueError, f"batch/head dims do not match (Hq a multiple of Hkv): {_shapes(q, k, v)}"
+    if d < 16 or d > 256 or d & (d - 1):
+        return ValueError, f"head dim must be a power of two in [16, 256], got {d}"
+    return None
 
 
-def attention_fp64_decode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """attention_fp64(q, k, v, keep, scale) in one kernel, without autograd.
-
-    q (B, Hq, L, d) (any strides); k, v (B, Hkv, S, d), query head h reading kv head h // (Hq/Hkv);
-    keep: bool broadcastable to (B, Hq, L, S) (True where a query attends) or None. Returns
-    (B, Hq, L, d) contiguous in q's dtype."""
-    return _attention_decode(q, k, v, keep, scale, q.dtype)
+def attention_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """The kernels' case (the device is the caller's check): bf16/fp16 q, k, v of one dtype, q (B, Hq, L,
+    d), k = v (B, Hkv, S, d) with Hkv dividing Hq, d a power of two in [16, 256]."""
+    return _reason(q, k, v) is None
 
 
-def _attention_decode(
-    q,
-    k,
-    v,
-    keep,
-    scale: float,
-    out_dtype: torch.dtype,
-    splits: int | None = None,
-    block_s: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
-    """out_dtype q.dtype, or float64 for the value before the rounding (tests); splits forces the number
-    of cache splits (tests; rounded down so that none is empty), None takes `_split_count`'s; block_s,
-    num_warps and num_stages force the tile (tests and scripts/gpu/attention_tiles.py's sweep)."""
-    require_triton("attention_fp64_decode")
-    why = _reason(q, k, v, keep)
+def _window(arg, b: int, device, what: str):
+    """(tensor or None, scalar) for a kv_start / q_start argument: an int, or a (B,) / () integer tensor."""
+    if arg is None or isinstance(arg, int):
+        return None, int(arg or 0)
+    if not isinstance(arg, torch.Tensor) or arg.dtype.is_floating_point or arg.numel() not in (1, b):
+        raise ValueError(f"fixed attention: {what} must be an int or a ({b},) integer tensor, got {arg!r}")
+    if arg.device != device:
+        raise ValueError(f"fixed attention: {what} is on {arg.device}, q on {device}")
+    t = arg.reshape(-1).to(torch.int32)
+    return (t.expand(b).contiguous() if t.numel() == 1 else t.contiguous()), 0
+
+
+def _out_layout(b: int, hq: int, lq: int, d: int, dtype, device) -> torch.Tensor:
+    """(B, Hq, L, d) as a view of a (B, L, Hq, d) buffer: the attention module's next step (o_proj's
+    input, heads concatenated per token) reads it without a copy."""
+    return empty((b, lq, hq, d), dtype, device).transpose(1, 2)
+
+
+def _prepare(q, k, v, kv_start, q_start, what: str):
+    require_triton(what)
+    why = _reason(q, k, v)
     if why is not None:
-        raise why[0](f"attention_fp64_decode: {why[1]}")
-    check_device("attention_fp64_decode", q, k, v, keep)
+        raise why[0](f"{what}: {why[1]}")
+    check_device(what, q, k, v)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    b, lq, s = q.shape[0], q.shape[2], k.shape[2]
+    kvs_t, kvs0 = _window(kv_start, b, q.device, "kv_start")
+    if q_start is None:
+        q_start = s - lq
+    qs_t, qs0 = _window(q_start, b, q.device, "q_start")
+    return q, k, v, (kvs_t, kvs0, qs_t, qs0)
+
+
+def _scale2(scale: float) -> float:
+    # the fp32 constant every path multiplies the logits by (Triton passes a python float as fp32)
+    return float(torch.tensor(scale * LOG2E, dtype=torch.float32))
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    kv_start: torch.Tensor | int | None = None,
+    q_start: torch.Tensor | int | None = None,
+    *,
+    need_lse: bool = False,
+    out_dtype: torch.dtype | None = None,
+    block_m: int = FWD_BLOCK_M,
+    num_warps: int = FWD_WARPS,
+    num_stages: int = 2,
+    split: int = SPLIT,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fixed attention core, one program per BLOCK_M queries of a head (trainer, prefill).
+
+    q (B, Hq, L, d), k, v (B, Hkv, S, d) (any strides with a unit last one); kv_start / q_start: module
+    docstring. Returns out (B, Hq, L, d) in q's dtype (or out_dtype=float32: the value before the
+    rounding, for tests) and, with need_lse, the (B, Hq, L) fp32 log2-sum-exp2 of the scaled logits.
+    block_m / num_warps / num_stages: the tile (tests and sweeps; the bits need wgmma tiles, see the
+    module docstring); split: the chunk size (tests shrink it to reach several chunks at small S)."""
+    q, k, v, (kvs_t, kvs0, qs_t, qs0) = _prepare(q, k, v, kv_start, q_start, "attention_forward")
     (b, hq, lq, d), (hkv, s) = q.shape, k.shape[1:3]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out = empty((b, hq, lq, d), out_dtype, q.device)
+    out = _out_layout(b, hq, lq, d, out_dtype or q.dtype, q.device)
+    lse = empty((b, hq, lq), torch.float32, q.device) if need_lse else None
     if out.numel() == 0:
-        return out
-    # broadcast dims get stride 0; the bool bytes are read as uint8
-    km = keep.expand(b, hq, lq, s).view(torch.uint8) if keep is not None else None
+        return out, lse
     out_view, bf16 = out_arg(out)
-    groups = hq // hkv
-    # measured on an H200 (B=64, Hq/Hkv=32/4, d=128): 8-row blocks when a kv head has <= 8 query rows
-    # (the fp64 MMA takes M=8: no padding to 16), 64 keys a step, 4 warps (8 at d=256: no spills), 2 stages
-    block_r = 8 if groups * lq <= 8 else 16
-    block_s = block_s or min(64, 8192 // d)
-    row_blocks = triton.cdiv(groups * lq, block_r)
-    tiles = b * hkv * row_blocks
-    steps = triton.cdiv(s, block_s)
-    if splits is None:
-        splits = _split_count(tiles, steps, q.device.index or 0)
-    s_per = triton.cdiv(steps, max(1, min(splits, steps))) * block_s if s else block_s
-    splits = triton.cdiv(s, s_per) if s else 1  # whole key blocks per split, none empty
-    if splits > 1:
-        ws = empty((tiles * splits * block_r * (d + 2),), torch.float64, q.device)
-        n = tiles * splits * block_r
-        m_ws, d_ws, a_ws = ws[:n], ws[n : 2 * n], ws[2 * n :]
-        cnt = _locks(q.device, tiles)
-    else:
-        m_ws = d_ws = a_ws = cnt = out_view  # not read
-    args = (
+    # every query's keys lie in one chunk when the last query's position is below `split`
+    single = qs_t is None and qs0 + lq - 1 < split
+    grid = (triton.cdiv(lq, block_m), b * hq)
+    LAUNCHED["forward"] = _attention_fwd_kernel[grid](
         q,
         k,
         v,
-        km if km is not None else q,
         out_view,
+        lse if lse is not None else q,
+        kvs_t if kvs_t is not None else q,
+        qs_t if qs_t is not None else q,
+        kvs0,
+        qs0,
+        _scale2(scale),
+        lq,
+        s,
+        hq,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *out.stride()[:3],
+        G=hq // hkv,
+        D=d,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        SPLIT=split,
+        KV_START_T=kvs_t is not None,
+        Q_START_T=qs_t is not None,
+        SINGLE=single,
+        STORE_LSE=need_lse,
+        BF16_OUT=bf16,
+        INTERP=interpret_mode(),
+        num_warps=num_warps,
+        num_stages=num_stages,
+        enable_fp_fusion=False,
+    )
+    return out, lse
+
+
+def compiled_info() -> dict[str, dict[str, int | None]]:
+    """Registers, spills and shared memory of the last launched kernel of each path (GPU only)."""
+    info = {}
+    for name, k in LAUNCHED.items():
+        if hasattr(k, "_init_handles"):
+            k._init_handles()
+        info[name] = {f: getattr(k, f, None) for f in ("n_regs", "n_spills", "shared")}
+    return info
+
+
+def decode_applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """The decode kernel's case: a kv head's G * L query rows fit one 64-row tile."""
+    return q.shape[1] // max(k.shape[1], 1) * q.shape[2] <= DEC_BLOCK_M
+
+
+def attention_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    kv_start: torch.Tensor | int | None = None,
+    q_start: torch.Tensor | int | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+    num_stages: int = 2,
+    split: int = SPLIT,
+) -> torch.Tensor:
+    """The fixed attention core for few queries against a cache (decode): one program per (batch row, kv
+    head, chunk of the cache capacity), G * L <= 64 rows. Arguments and result as `attention_forward`;
+    the same bits."""
+    q, k, v, (kvs_t, kvs0, qs_t, qs0) = _prepare(q, k, v, kv_start, q_start, "attention_decode")
+    (b, hq, lq, d), (hkv, s) = q.shape, k.shape[1:3]
+    groups = hq // hkv
+    if groups * lq > DEC_BLOCK_M:
+        raise ValueError(f"attention_decode: G * L = {groups * lq} query rows per kv head > {DEC_BLOCK_M}")
+    out = _out_layout(b, hq, lq, d, out_dtype or q.dtype, q.device)
+    if out.numel() == 0:
+        return out
+    out_view, bf16 = out_arg(out)
+    tiles, chunks = b * hkv, max(1, triton.cdiv(s, split))
+    if chunks > 1:
+        rows = tiles * chunks * groups * lq
+        ws = torch.empty((rows * (d + 2),), dtype=torch.float32, device=q.device)
+        m_ws, l_ws, a_ws = ws[:rows], ws[rows : 2 * rows], ws[2 * rows :]
+        cnt = _locks(q.device, tiles)
+    else:  # not read, but the kernel's ticket branch compiles against their types
+        m_ws = l_ws = a_ws = torch.empty((1,), dtype=torch.float32, device=q.device)
+        cnt = _locks(q.device, 1)
+    LAUNCHED["decode"] = _attention_decode_kernel[(tiles, chunks)](
+        q,
+        k,
+        v,
+        out_view,
+        kvs_t if kvs_t is not None else q,
+        qs_t if qs_t is not None else q,
         m_ws,
-        d_ws,
+        l_ws,
         a_ws,
         cnt,
-        struct.unpack("<q", struct.pack("<d", float(scale)))[0],
+        kvs0,
+        qs0,
+        _scale2(scale),
+        lq,
         s,
-        s_per,
-        splits,
         hkv,
         *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],
-        *(km.stride() if km is not None else (0,) * 4),
-    )
-    meta = dict(
+        *out.stride()[:3],
         G=groups,
-        L=lq,
         D=d,
-        BLOCK_R=block_r,
-        BLOCK_S=block_s,
-        HAS_KEEP=keep is not None,
-        BF16=bf16,
-        F64=out_dtype == torch.float64,
-        LIBDEVICE=not interpret_mode(),
-        num_warps=num_warps or (8 if d >= 256 else 4),
-        num_stages=num_stages or (2 if d >= 128 else 3),
+        BLOCK_M=DEC_BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        SPLIT=split,
+        KV_START_T=kvs_t is not None,
+        Q_START_T=qs_t is not None,
+        BF16_OUT=bf16,
+        INTERP=interpret_mode(),
+        num_warps=DEC_WARPS,
+        num_stages=num_stages,
         enable_fp_fusion=False,
     )
-    grid = (b * hkv, row_blocks, splits)
-    if splits == 1:
-        _attention_fp64_decode_kernel[grid](*args, PHASE=0, **meta)
-    else:
-        _attention_fp64_decode_kernel[grid](*args, PHASE=1, **meta)
-        _attention_fp64_decode_kernel[grid](*args, PHASE=2, **meta)
     return out
 
 
-def _round_f64_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The kernel's float64 -> bf16/fp16 rounding on a float64 tensor (for the tests)."""
-    require_triton("attention_fp64_decode")
-    check_device("attention_fp64_decode", x)
-    x = x.contiguous()
-    y = empty(x.shape, dtype, x.device)
-    y_view, bf16 = out_arg(y)
-    if x.numel():
-        _round_f64_kernel[(triton.cdiv(x.numel(), 256),)](x, y_view, x.numel(), BLOCK=256, BF16=bf16)
-    return y
+def fixed_attention_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    kv_start: torch.Tensor | int | None = None,
+    q_start: torch.Tensor | int | None = None,
+) -> torch.Tensor:
+    """The fixed attention core without autograd: the decode kernel for few query rows per kv head, the
+    forward kernel otherwise (the same bits either way)."""
+    if decode_applies(q, k):
+        return attention_decode(q, k, v, scale, kv_start, q_start)
+    return attention_forward(q, k, v, scale, kv_start, q_start)[0]
 
 
-__all__ = ["attention_decode_supported", "attention_fp64_decode"]
+assert SPLIT % BLOCK_N == 0 and math.log2(BLOCK_N).is_integer()
+
+__all__ = [
+    "BLOCK_N",
+    "SPLIT",
+    "attention_decode",
+    "attention_forward",
+    "attention_supported",
+    "compiled_info",
+    "decode_applies",
+    "fixed_attention_kernel",
+]

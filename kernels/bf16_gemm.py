@@ -7,7 +7,7 @@ cuBLAS picks its kernel by shape: at decode sizes it may split K, for a trainer'
 does not, so a row's output can differ in the last bit between the two engines (on the H200, Qwen3-30B-A3B's
 o_proj, 4096 -> 2048: 2 of 2048 outputs of one row alone, 45 of 8 rows' 16384; scripts/gpu/bf16_bits.py).
 Here every tile shares BLOCK_K (hence each output's K order) and is a wgmma tile (64 or 128 rows a
-warpgroup), which on the H200 gives the same bits whatever the tile (results/bench/decode_h200.md,
+warpgroup), which on the H200 gives the same bits whatever the tile (results/bench/history/decode_h200.md,
 "Do tiles of one K step give the same bits?"), so the tile may follow M. Under the Triton interpreter
 `tl.dot` is numpy's matmul: there the result is F.linear's up to float32 summation order.
 """

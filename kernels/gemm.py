@@ -123,8 +123,8 @@ class GemmConfig:
 DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
 # 17-64 rows: the tiles along N alone leave most SMs idle (N / 128 programs, 4 at N = 512), so K is split
 # as in the batch-invariant config. H200, M = 64, this tile with split <= 4: 13.1 / 10.0 / 14.5 us at N x K
-# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/decode_h200.md), where the unsplit 64x128 tile took
-# 32.5 us on average over the te_nvfp4 sampler's q/k/v/o projections at batch 64 (same file).
+# = 4096x2048 / 512x2048 / 2048x4096 (results/bench/history/decode_h200.md), where the unsplit 64x128
+# tile took 32.5 us on average over the te_nvfp4 sampler's q/k/v/o projections at batch 64 (same file).
 SMALL_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # M=N=K=8192 fused: 3.28 ms = 335 TFLOP/s (0.47x cuBLAS); 128x256x128 w8 s4 3.29 ms, 256x128x128
 # 3.87 ms, s2 3.50 ms, group_m=16 3.18 ms. method="cublas" (the default at this size) 1.64 ms.
@@ -132,19 +132,19 @@ LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # One tile for every M, and a wgmma one: on the H200 the tiles of one K step that run wgmma (BLOCK_M >= 64)
 # give the same bits whatever their shape, but a 16- or 32-row tile runs mma.sync, which rounds inside
 # the MMA differently: on inputs whose block magnitudes spread over 10^±3, 33-89 % of its outputs differ
-# (scripts/gpu/tile_bits.py, results/bench/decode_h200.md). A 16-row tile at decode (8.6 against 10.5 us
-# at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
+# (scripts/gpu/tile_bits.py, results/bench/history/decode_h200.md). A 16-row tile at decode (8.6 against
+# 10.5 us at M = 1, N x K = 4096x2048) would break a sampler's bit-equality with its trainer.
 BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # Its few-row (decode) twin: the product transposed (swap_ab), the weights on the wgmma's 64-row side and
 # up to 16 activation rows on its N side; still wgmma with the same K ranges, so the same bits. H200, us a
 # call at M = 1 for N x K = 4096x2048 / 512x2048 / 2048x4096, with the K-order permutation of
 # _triton._k_order: 7.7 / 7.2 / 10.6 against 12.8 / 7.2 / 13.8 for the 64x64 tile (cuBLAS bf16 5.7 / 5.4 /
-# 8.4; scripts/gpu/decode_configs.py, results/bench/decode_h200.md session 16).
+# 8.4; scripts/gpu/decode_configs.py, results/bench/history/decode_h200.md).
 BATCH_INVARIANT_FEW_ROWS_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
 # M <= 16: the decode kernel (decode.py) from this many weights, the fused DECODE_CONFIG path below.
-# H200, CUDA graph, us at M = 1 / 16 (results/bench/kernels_h200_s17.json, 2026-12-01): N=K=4096 decode
+# H200, CUDA graph, us at M = 1 / 16 (results/bench/kernels_h200.json, 2026-12-01): N=K=4096 decode
 # kernel 15.9 / 14.0, fused split-4 path 19.7 / 20.2; N=K=8192 decode kernel 34.1 / 29.8, fused 61.2 /
 # 63.2. (On 2026-11-30 the fused path had been the faster at 4096: 13.74 / 14.00 against 15.74 / 13.85.)
 # Both are deterministic and independent of M. Smaller weights were not timed against each other.
@@ -546,6 +546,55 @@ def _mm_fp32_out_ok(device_index: int) -> bool:
         return False
 
 
+#: The most float32 workspace one split-K launch may take; larger problems run in row chunks
+SPLIT_K_WORKSPACE_BYTES = 4 << 30
+
+
+def _launch_fused(aq, as_, ags, a_row, bq, bs_, bgs, b_row, bias, out, m, n, k, k_per, split, cfg) -> None:
+    """One launch of the many-row W4A4 kernel over rows (m, K) into `out` (m, N)."""
+    out_view, out_bf16 = out_arg(out)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
+    lock = _locks(aq.device, tiles) if split > 1 else out
+    _nvfp4_gemm_kernel[(tiles, split)](
+        aq,
+        as_,
+        ags,
+        bq,
+        bs_,
+        bgs,
+        bias if bias is not None else ags,
+        out_view,
+        ws,
+        lock,
+        m,
+        n,
+        k,
+        k_per,
+        aq.stride(0),
+        as_.stride(0),
+        bq.stride(0),
+        bs_.stride(0),
+        out.stride(0),
+        m * n,
+        A_GS_ROW=a_row,
+        B_GS_ROW=b_row,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        ACC_SHIFT=ACC_SHIFT,
+        DEQUANT_ASM=cfg.use_asm(),
+        DEQ=cfg.deq(),
+        EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages,
+        SPLIT_K=split,
+        OUT_BF16=out_bf16,
+        **cfg.launch_options(),
+    )
+
+
 def nvfp4_matmul(
     a: NVFP4Tensor,
     b: NVFP4Tensor,
@@ -663,46 +712,33 @@ def nvfp4_matmul(
             **cfg.launch_options(),
         )
         return out.reshape(*a.shape[:-1], n)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
-    lock = _locks(aq.device, tiles) if split > 1 else out
-    _nvfp4_gemm_kernel[(tiles, split)](
-        aq,
-        as_,
-        ags,
-        bq,
-        bs_,
-        bgs,
-        bias if bias is not None else ags,
-        out_view,
-        ws,
-        lock,
-        m,
-        n,
-        k,
-        k_per,
-        aq.stride(0),
-        as_.stride(0),
-        bq.stride(0),
-        bs_.stride(0),
-        out.stride(0),
-        m * n,
-        A_GS_ROW=a_row,
-        B_GS_ROW=b_row,
-        HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        ACC_SHIFT=ACC_SHIFT,
-        DEQUANT_ASM=cfg.use_asm(),
-        DEQ=cfg.deq(),
-        EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
-        NUM_STAGES=cfg.num_stages,
-        SPLIT_K=split,
-        OUT_BF16=out_bf16,
-        **cfg.launch_options(),
-    )
+    # Split-K keeps a float32 workspace of split * M * N: at a 64 x 8,192-token prefill that is 32 GiB
+    # (results/bench/rollout_h200_long_prompt8192.log). Rows are independent and the config is fixed,
+    # so row chunks launched one after the other give every row the bits of one launch (the
+    # batch-invariance tests hold the fused kernel to that).
+    step = m
+    if split > 1 and split * m * n * 4 > SPLIT_K_WORKSPACE_BYTES:
+        step = max(cfg.block_m, SPLIT_K_WORKSPACE_BYTES // (split * n * 4) // cfg.block_m * cfg.block_m)
+    for r0 in range(0, m, step):
+        r1 = min(m, r0 + step)
+        _launch_fused(
+            aq[r0:r1],
+            as_[r0:r1],
+            ags[r0:r1] if a_row else ags,
+            a_row,
+            bq,
+            bs_,
+            bgs,
+            b_row,
+            bias,
+            out[r0:r1],
+            r1 - r0,
+            n,
+            k,
+            k_per,
+            split,
+            cfg,
+        )
     return out.reshape(*a.shape[:-1], n)
 
 

@@ -37,15 +37,17 @@ from .gemm import GemmConfig, check_nvfp4, rows_of
 if HAS_TRITON:
     from ._triton import _decode_scale, _store_out, _w4a4_mainloop
 
-# The many-rows tile until session 19, now the reference tile of the bit-equality tests and the benchmark's
+# The previous many-rows tile, now the reference tile of the bit-equality tests and the benchmark's
 # "previous default" row. H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227
 # TFLOP/s, down 0.48 ms (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms,
-# 128x256x64 1.08 ms (results/bench/kernels_h200.json); what bounds it: results/bench/issue6_sweep_h200.md
+# 128x256x64 1.08 ms (results/bench/kernels_h200.json); what bounds it:
+# results/bench/history/kernel_sweeps_h200.md
 GROUPED_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3)
 # Many rows, short K (the experts' down projection: K = 768 at Qwen3-30B-A3B, 6 K steps a tile): a 4-warp
 # tile, two programs a SM (255 registers, 68 KB shared each), so one program's prologue and epilogue overlap
 # the other's main loop. H200, 4096 tokens top-8, down: 409.5 and 412.7 us against GROUPED_CONFIG's 437.0
-# and 433.1 in two runs, the same bits (scripts/gpu/issue6_sweep.py, results/bench/issue6_sweep_h200.md).
+# and 433.1 in two runs, the same bits (scripts/gpu/kernel_sweep.py,
+# results/bench/history/kernel_sweeps_h200.md).
 GROUPED_SHORT_K_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=3)
 SHORT_K = 1024  # K up to this takes GROUPED_SHORT_K_CONFIG
 # Many rows, longer K (gate_up: K = 2048): the product transposed, 256 weight rows on the wgmma's M side
@@ -59,16 +61,16 @@ GROUPED_LONG_K_CONFIG = GemmConfig(128, 256, 128, num_warps=16, num_stages=3, sw
 # magnitudes). H200, 128 experts top-8, gate_up at 1 / 16 / 64 / 256 / 512 / 1024 tokens (us): 64-row
 # 40 / 162 / 230 / 236 / 247 / 361, 16-row 30 / 116 / 163 / 222 / 365 / 624, GROUPED_CONFIG 62 / 211 /
 # 300 / 312 / 320 / 335, torch._grouped_mm bf16 29 / 175 / 259 / 262 / 257 / 259; down alike
-# (scripts/gpu/decode_configs.py, results/bench/decode_h200.md).
+# (scripts/gpu/decode_configs.py, results/bench/history/decode_h200.md).
 GROUPED_FEW_ROWS_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
 GROUPED_FEW_ROWS_FAST_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4)
 # Fewest rows, batch-invariant: the product transposed (swap_ab), 64 weight rows on the wgmma's M side
 # and 16 token rows on its N side, so 1-8 rows per expert no longer pad a 64-row MMA. Still wgmma with
 # the same K order: on the H200 its bits equal GROUPED_CONFIG's on inputs with spread block magnitudes
 # (tile_bits.py). H200, 128 experts top-8, us at 1 / 16 / 64 tokens, with the K-order permutation of
-# _triton._k_order (session 16): gate_up 17.5 / 82.7 / 118.8 for 16x128 against 17.2 / 91.2 / 131.4 for
+# _triton._k_order: gate_up 17.5 / 82.7 / 118.8 for 16x128 against 17.2 / 91.2 / 131.4 for
 # 16x64 (before the permutation 16x64 took 20.1 / 109.1 / 162.1; bf16 _grouped_mm 29.2 / 176.6 / 260.6);
-# down 9.6 / 49.9 / 66.8 against 9.5 / 55.9 / 76.2 (decode_h200.md).
+# down 9.6 / 49.9 / 66.8 against 9.5 / 55.9 / 76.2 (results/bench/history/decode_h200.md).
 GROUPED_SWAP_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 SWAP_ROWS_PER_EXPERT = 8  # the swapped 16-token tile up to this many rows per expert on average
 FAST_ROWS_PER_EXPERT = 16  # the 16-row mma.sync tile (not batch-invariant) up to this many
@@ -78,7 +80,7 @@ FEW_ROWS_PER_EXPERT = 32  # the 64-row tile up to this many
 # only ~4 K steps a tile, so the pipeline's fill and the epilogue weigh: 4 warps, two programs a SM, one
 # filling while the other computes. H200, gate_up's dW (128 experts x 1536 x 2048, 4096 tokens top-8):
 # 1191.7 us against 1976.8 for the previous 8-warp 4-stage tile, same bits; 256x128 w8 1489.5, 128x256 w8
-# 1586.2 (torch._grouped_mm bf16 546.6; results/bench/issue6_sweep_h200.md)
+# 1586.2 (torch._grouped_mm bf16 546.6; results/bench/history/kernel_sweeps_h200.md)
 WGRAD_CONFIG = GemmConfig(128, 128, 64, num_warps=4, num_stages=3)
 WGRAD_ALIGN = 64
 
@@ -273,7 +275,8 @@ def _per_expert_scale(gs: torch.Tensor, e: int, rows: int, name: str) -> tuple[t
 
 # program order: the N tiles of one row tile launch together (program_id(0) walks N), so a row tile's
 # packed activations are read from L2 by all its N tiles while they are hot; False: row tiles first. H200,
-# same run, same bits: gate_up 706.3 against 734.2 us, down 403.4 against 413.2 (issue6_sweep_h200.md)
+# same run, same bits: gate_up 706.3 against 734.2 us, down 403.4 against 413.2
+# (results/bench/history/kernel_sweeps_h200.md)
 N_FASTEST = True
 
 

@@ -5,7 +5,7 @@
 What it replaces, per layer: the fp32 RMSNorm kernel (minite.kernels.norm) on q and on k, a cos/sin
 table gather, the fp32 RoPE kernel (minite.kernels.rope) on q and on k, and the KV cache's two
 index_copy launches; at batch > 1 also the copies that made q, k and cos/sin contiguous. At decode each
-of those is a 1-3 us launch for a few KiB (H200 profile of 2026-12-01, results/bench/decode_h200.md).
+of those is a 1-3 us launch for a few KiB (H200 profile of 2026-12-01, results/bench/history/decode_h200.md).
 
 The same bits as those kernels, by construction:
 - the norm's one reduction (the sum of squares of a row) is the norm kernel's code on the same block

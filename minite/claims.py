@@ -694,7 +694,7 @@ def claim_c5(bench: str | Path | None) -> dict[str, Any]:
     ev.append(
         "why: on Hopper a W4A4 GEMM is an in-register dequantize + bf16 MMA (no FP4 tensor cores), so it "
         "cannot beat bf16's MMA rate, and NVFP4 adds work bf16 does not do (quantizing every GEMM operand) "
-        "plus the aligned recipe's float64 attention core and batch-invariant reductions; the TE-style "
+        "plus the aligned recipe's fixed-order attention and batch-invariant reductions; the TE-style "
         "trainer is slower still because it emulates NVFP4 unfused"
     )
     return _claim(

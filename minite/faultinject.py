@@ -14,8 +14,9 @@ Points (each named where it sits in the code):
                       rest and the manifest (minite/checkpoint.py)
     checkpoint_swap   between the two renames that swap a finished checkpoint in: <dir> already moved
                       to <dir>.old, <dir>.tmp not yet renamed to <dir> (minite/checkpoint.py)
-    mlflow_log        an MLflow write session, after the run and its params exist, before its metrics
-                      (minite/tracking.py)
+    mlflow_log        the live MLflow logging of a step: its metrics handed to MLflow (asynchronously
+                      through a server: maybe not sent yet), before the step's checkpoint
+                      (minite/tracking.py, JobRun.log_step)
 
 tests/rl/test_kill_resume.py kills `minite train` at each point and checks that `--resume` ends with
 the weights and metrics of an uninterrupted run.

@@ -18,7 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from minite.figures import label, load_throughput
+from minite.figures.load import load_throughput
+from minite.figures.style import label
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -42,13 +43,31 @@ def _runs_note(entry: dict[str, Any]) -> str:
     return f" MLflow runs: {shown}{more}."
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "builtin": "the built-in engine", "trainer": "the trainer"}
+
+
+def engine_name(engines: Any) -> str:
+    """'vLLM', 'the built-in engine', or both ('builtin+vllm' cells: stages or runs differ)."""
+    parts = [p for p in str(engines or "").split("+") if p and p != "nan"]
+    return " and ".join(ENGINE_NAMES.get(p, p) for p in parts) or "n/a"
+
+
+def _column(summary: pd.DataFrame, key: str) -> str:
+    """The engines a summary column names over every row, joined ('builtin+vllm')."""
+    if key not in summary:
+        return ""
+    vals = {p for cell in summary[key].fillna("") for p in str(cell).split("+") if p}
+    return "+".join(sorted(vals))
+
+
 def summary_sentences(summary: pd.DataFrame, tp: dict[str, Any]) -> list[str]:
     out = []
     main = summary[summary["ablation"] == "none"].set_index("run")
     if len(main):
         gaps = ", ".join(f"{label(r)} {_fmt(main.loc[r, 'logp_abs_diff_mean'])}" for r in main.index)
         out.append(
-            f"Mean trainer/sampler gap |Δ log p| on sampled tokens, averaged over RL steps and seeds: {gaps}."
+            f"Mean trainer/sampler gap |Δ log p| on sampled tokens, averaged over RL steps and seeds, with "
+            f"{engine_name(_column(main, 'engine_rl'))} as the sampler: {gaps}."
         )
         if {"te_nvfp4", "minite"} <= set(main.index):
             a, b = main.loc["minite", "logp_abs_diff_mean"], main.loc["te_nvfp4", "logp_abs_diff_mean"]
@@ -57,7 +76,10 @@ def summary_sentences(summary: pd.DataFrame, tp: dict[str, Any]) -> list[str]:
         task = main["eval_task"].iloc[0]
         if task:
             accs = ", ".join(f"{label(r)} {main.loc[r, 'eval_accuracy_pm'] or 'n/a'}" for r in main.index)
-            out.append(f"Final {task} exact match (lm-eval, greedy, the recipe's own sampler): {accs}.")
+            out.append(
+                f"Final {task} exact match (lm-eval, greedy, the recipe's own sampler on "
+                f"{engine_name(_column(main, 'engine_eval'))}): {accs}."
+            )
     if tp:
         dev = tp["device"]
 
@@ -75,14 +97,43 @@ def summary_sentences(summary: pd.DataFrame, tp: dict[str, Any]) -> list[str]:
             if dev["kind"] == "cpu"
             else dev["label"]
         )
-        out.append(f"Throughput relative to bf16, {where} ({tp.get('model', 'n/a')}): {ratios}.")
+        roll = (tp.get("reports") or {}).get("rollout") or {}
+        engine = f"; rollout on {engine_name(roll.get('engine', 'builtin'))}" if roll else ""
+        out.append(f"Throughput relative to bf16, {where} ({tp.get('model', 'n/a')}{engine}): {ratios}.")
     return out
 
 
-def setup_table(prep: dict[str, Any], run_cfg: dict[str, Any], profile: str, tp: dict[str, Any]) -> str:
+def engines_row(summary: pd.DataFrame | None, tp: dict[str, Any], run_cfg: dict[str, Any]) -> str:
+    """The sampler engine of each stage's numbers, read from the results (not the config)."""
+    summary = summary if summary is not None else pd.DataFrame()
+    parts = []
+    for stage, key in (
+        ("RL", "engine_rl"),
+        ("eval", "engine_eval"),
+        ("diagnose", "engine_diagnose"),
+        ("attribution", "engine_attribution"),
+    ):
+        found = _column(summary, key)
+        if found:
+            parts.append(f"{stage} {found}")
+    roll = (tp.get("reports") or {}).get("rollout") if tp else None
+    if roll:
+        parts.append(f"throughput rollout {roll.get('engine', 'builtin')}")
+    if not parts:  # no result names one: the run's config
+        parts.append(f"RL {(run_cfg.get('sampler') or {}).get('engine', '?')}")
+    dtype = (run_cfg.get("sampler") or {}).get("dtype", "?")
+    return f"{', '.join(parts)} ({dtype}); learner: the trainer"
+
+
+def setup_table(
+    prep: dict[str, Any],
+    run_cfg: dict[str, Any],
+    profile: str,
+    tp: dict[str, Any],
+    summary: pd.DataFrame | None = None,
+) -> str:
     mc = prep.get("model_config") or {}
     n_exp = mc.get("num_experts", mc.get("num_local_experts", "?"))
-    sampler = run_cfg.get("sampler", {})
     roll, grpo, optim = run_cfg.get("rollout", {}), run_cfg.get("grpo", {}), run_cfg.get("optim", {})
     rows = [
         ("profile", profile),
@@ -109,10 +160,7 @@ def setup_table(prep: dict[str, Any], run_cfg: dict[str, Any], profile: str, tp:
             f"lr {optim.get('lr', '?')}, clip [{grpo.get('clip_low', '?')}, {grpo.get('clip_high', '?')}], "
             f"loss {grpo.get('loss_agg', '?')}",
         ),
-        (
-            "sampler engine",
-            f"{sampler.get('engine', '?')} ({sampler.get('dtype', '?')})",
-        ),
+        ("sampler engine", engines_row(summary, tp, run_cfg)),
         ("trainer compute", optim.get("compute_dtype", "?")),
         ("throughput device", (tp.get("device") or {}).get("label", "n/a")),
     ]
@@ -180,7 +228,8 @@ def build_report(
     claims = claims_section(claims_dir, out) if claims_dir else ""
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     mref = manifest.get("mlflow") or {}  # the figures run: holds every figure and table as artifacts
-    store = _short_uri(mref.get("tracking_uri", ""))
+    # the store the runs live in (a workflow's server is gone once the workflow ends; its store stays)
+    store = _short_uri(mref.get("store_uri") or mref.get("tracking_uri", ""))
     parts = [
         f"# miniTE: native NVFP4 RL — `{profile}` reproduction\n",
         f"_Generated by `minite paper` from `results/{profile}/` on {now} (code commit `{commit}`). "
@@ -194,7 +243,7 @@ def build_report(
         "".join(f"- {s}\n" for s in summary_sentences(summary, tp)),
         claims,
         "\n## Setup\n",
-        setup_table(prep, run_cfg, profile, tp),
+        setup_table(prep, run_cfg, profile, tp, summary),
         "\n## Results\n",
         table("main"),
         figure("rl_curves"),
@@ -216,12 +265,13 @@ def build_report(
         table("compute"),
         "\n## Provenance\n",
         f"- MLflow experiment `{mref.get('experiment', profile)}` (id `{mref.get('experiment_id', '?')}`), "
-        f"tracking store `{_short_uri(mref.get('tracking_uri', ''))}`. The figures and tables are "
+        f"tracking store `{store}`. The figures and tables are "
         f"artifacts of run `{mref.get('run_id', '?')}` (stage `figures`); this report is an artifact of the "
         "`paper` stage's run.\n"
-        f"- Open the UI with `.venv/bin/mlflow ui --backend-store-uri {store}` "
-        "and look runs up by the ids above (8-character prefixes in tables; tag `minite.key` = "
-        "`<stage>/<run>/seed<S>`).\n"
+        f"- Open the UI with `.venv/bin/mlflow ui --backend-store-uri {store} --port 5000`, then "
+        f"http://127.0.0.1:5000/#/experiments/{mref.get('experiment_id', '?')}?workflowType=machine_learning "
+        "(the run table), and look runs up by the ids above (8-character prefixes in tables; tag "
+        "`minite.key` = `<stage>/<run>/seed<S>`).\n"
         "- Every figure and table above lists its source files; `figures/manifest.json` in the results "
         "folder holds the full run ids.\n",
     ]

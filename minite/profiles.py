@@ -165,6 +165,25 @@ def _origin(layers: list[tuple[str, dict[str, Any]]] | None, path: list[Any]) ->
     return layers[-1][0]
 
 
+def key_source(
+    name_or_path: str | Path,
+    path: list[Any],
+    overrides: dict[str, Any] | None = None,
+    configs_dir: Path = CONFIGS,
+) -> str:
+    """Where the key `path` (e.g. ["jobs", "rl", "mem_mb"]) of a profile is set: "--config" when the
+    command-line `overrides` set it, else the last profile file of the `extends` chain that does
+    ("--config" too when none does)."""
+    candidates = [("--config", overrides or {}), *reversed(load_layers(name_or_path, configs_dir))]
+    for label, data in candidates:
+        node: Any = data
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if node is not None:
+            return label
+    return "--config"
+
+
 def _dotted(path: Iterable[Any]) -> str:
     out = ""
     for p in path:

@@ -17,8 +17,9 @@ The three recipes of the paper (DESIGN.md, "The three recipes"):
   the trainer's exact quantized weights (packed bytes, block scales, global scale), quantizes
   activations with per-row scales (batch-invariant, so a token's numerics do not depend on what else
   is in the batch), keeps the same layer set, runs router/norm/softmax in fp32, breaks top-k ties
-  deterministically, and runs the same RoPE (fp32, one rounding) and attention core (float64, one
-  rounding) in both engines instead of each engine's own kernels. The backward is free to use
+  deterministically, and runs the same RoPE (fp32, one rounding) and attention core (one fixed-order
+  algorithm: fp32 Triton kernels on CUDA, float64 on CPU) in both engines instead of each engine's own
+  kernels. The backward is free to use
   SR/RHT: it does not change the policy being sampled.
 
 Recipes live in Python (this registry) and in YAML (configs/recipes/, configs/ablations/). A YAML file
@@ -37,7 +38,7 @@ from minite.numerics.nvfp4 import QuantSpec
 
 WeightSource = Literal["master", "reexport", "trainer"]
 RopeArithmetic = Literal["native", "fp32"]
-AttentionCore = Literal["native", "fp64"]
+AttentionCore = Literal["native", "fixed"]
 GemmPath = Literal["fused", "emulated"]
 Bf16Linears = Literal["native", "invariant"]
 
@@ -69,8 +70,10 @@ class NumericsSpec:
     deterministic_topk: bool = False  # ties broken by lowest expert id, independent of kernel
     # RoPE and the attention core (minite/nn/attention.py). "native": each engine's own op (transformers'
     # bf16 apply_rotary_pos_emb and SDPA; vLLM's rotary op and attention backend). rope "fp32": rotate in
-    # fp32 from the bf16 cos/sin table, one rounding (vLLM's CPU kernel arithmetic). attention "fp64": a
-    # core computed in float64 and rounded once, so prefill/decode/batching cannot change its result.
+    # fp32 from the bf16 cos/sin table, one rounding (vLLM's CPU kernel arithmetic). attention "fixed": one
+    # attention algorithm for every phase, so prefill/decode/batching cannot change a query's result
+    # (minite/nn/attention_fixed.py): on CUDA fp32 tiled Triton kernels in one fixed order of key blocks
+    # and chunks; on CPU the float64 core, rounded once.
     rope: RopeArithmetic = "native"
     attention: AttentionCore = "native"
     # How the GEMMs execute on CUDA (on CPU every path runs the pure-torch reference, bit for bit, so
@@ -173,7 +176,7 @@ _MT_FWD = NumericsSpec(
     fp32_norm=True,
     deterministic_topk=True,
     rope="fp32",
-    attention="fp64",
+    attention="fixed",
     bf16_linears="invariant",
 )
 

@@ -89,11 +89,15 @@ def build_sampler(
     max_model_len: int = 256,
     workdir: str | Path | None = None,
     eos_token_id: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    **engine_kwargs,
 ):
     """The recipe's sampler engine ("builtin" or "vllm"), without weights yet (see `sync`).
 
     `eos_token_id` overrides the tokenizer's (e.g. -1: never stop, for fixed-length throughput runs;
-    built-in engine only)."""
+    built-in engine only). `gpu_memory_utilization`: vLLM's share, the user's (a run's
+    rl.sampler.gpu_memory_utilization); None: derived from the machine (minite.engines.vllm.memory).
+    `engine_kwargs` go to vLLM's `LLM(...)`."""
     if engine == "builtin":
         from transformers import AutoConfig
 
@@ -112,7 +116,10 @@ def build_sampler(
 
         root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="minite-sampler-"))
         sdir = write_sampler_checkpoint(model_dir, root / f"sampler_{recipe.name}", recipe)
-        return VLLMSampler(sdir, recipe, dtype=dtype, seed=seed, max_model_len=max_model_len)
+        share = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
+        return VLLMSampler(
+            sdir, recipe, dtype=dtype, seed=seed, max_model_len=max_model_len, **share, **engine_kwargs
+        )
     raise ConfigError(f"unknown sampler engine {engine!r}; use 'builtin' or 'vllm'")
 
 

@@ -39,3 +39,30 @@ def tiny_model():
 
     torch.manual_seed(0)
     return build_tiny_model(seed=0)
+
+
+# a real `mlflow server` shared by the tracking tests (started on first use; tests/mlflow_server.py)
+from tests.mlflow_server import mlflow_server  # noqa: E402, F401
+
+# the paper's setting, shrunk: Qwen3-30B-A3B's architecture with the real 151,936-token vocabulary
+QWEN3_MINI = dict(
+    num_hidden_layers=2,
+    hidden_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    max_window_layers=2,
+)
+
+
+@pytest.fixture(scope="session")
+def qwen3_mini(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer Qwen3-MoE (minite.models.qwen3, vocab 151,936) saved with
+    save_pretrained, Qwen3's tokenizer files beside it."""
+    from minite.models.qwen3 import build_qwen3_model, qwen3_config, save_qwen3
+
+    out = tmp_path_factory.mktemp("qwen3_mini") / "model"
+    return save_qwen3(build_qwen3_model(qwen3_config(**QWEN3_MINI), seed=0), out)

@@ -1,4 +1,4 @@
-"""Bad input fails in seconds, before any compute, and says what to fix (issue 10).
+"""Bad input fails in seconds, before any compute, and says what to fix.
 
 Every row of CASES feeds one mistake a user can make to the entry point that user hits: a `minite` CLI
 verb run in-process through `minite.cli.main` (exit code 2, one line on stderr, no traceback), or the
@@ -339,21 +339,27 @@ CASES: list[Case] = [
     Case(
         "train-corrupt-jsonl-line",
         lambda i: i.train(data_dir=str(i.data_copy(train=_lines(2) + "{oops\n" + _lines(8)))),
-        (
-            "train.jsonl:3: invalid JSON",
-            'one JSON object {"prompt": "...", "answer": "..."}',
-            "fix or delete",
-        ),
+        ("train.jsonl:3: invalid JSON", "each line needs a prompt", "fix or delete that line"),
     ),
     Case(
         "train-jsonl-missing-field",
         lambda i: i.train(data_dir=str(i.data_copy(train=_lines(1) + '{"prompt": "1+1="}\n' + _lines(8)))),
-        ("train.jsonl:2: missing field(s) ['answer']", "fix or delete that line"),
+        ("train.jsonl:2: no answer (columns ['prompt'])", "fix or delete that line"),
     ),
     Case(
         "train-jsonl-not-utf8",
         lambda i: i.train(data_dir=str(i.data_copy(train=b"\xff\xfe\x00bad\n"))),
-        ("train.jsonl: cannot read task file", "UTF-8 JSONL"),
+        ("train.jsonl: cannot read", "UTF-8 JSONL"),
+    ),
+    Case(
+        "train-chat-prompts-without-chat-template",
+        lambda i: i.train(prompt={"format": "chat"}),
+        ("has no chat template", "which prompt.format 'chat' needs", "set prompt.format: plain"),
+    ),
+    Case(
+        "train-auto-reward-unknown-data-source",
+        lambda i: i.train(reward={"name": "auto"}),
+        ("train.jsonl:1", "no reward for data_source ''", "set reward.name"),
     ),
     Case(
         "train-tokenizer-vocab-mismatch",
@@ -456,6 +462,28 @@ CASES: list[Case] = [
         "train-sampler-memory-builtin-engine",
         lambda i: i.train(sampler={"gpu_memory_utilization": 0.3}),
         ("gpu_memory_utilization is a vLLM setting", "set sampler.engine to 'vllm', or drop the key"),
+    ),
+    Case(
+        "eval-sampler-memory-out-of-range",
+        lambda i: cli(
+            [
+                "eval",
+                "--base",
+                "--model-dir",
+                str(i.model_dir),
+                "--data-dir",
+                str(i.data_dir),
+                "--tasks",
+                "tiny_arith",
+                "--engine",
+                "vllm",
+                "--gpu-memory-utilization",
+                "1.5",
+                "--out",
+                str(i.out / "e.json"),
+            ]
+        ),
+        ("--gpu-memory-utilization must be a fraction in (0, 1], got 1.5", "leave it out"),
     ),
     Case(
         "train-dist-retired-memory-env",
@@ -627,6 +655,31 @@ CASES: list[Case] = [
         "prepare-local-missing-keys",
         lambda i: _prepare(i, {"kind": "local", "model_path": str(i.model_dir)}),
         ("kind local", "data: {train: FILE, eval: FILE}", "add the missing keys"),
+    ),
+    Case(
+        "prepare-local-row-without-answer",
+        lambda i: _prepare(
+            i,
+            {
+                "kind": "local",
+                "model_path": str(i.model_dir),
+                "data": {
+                    "train": str(i.write("local/train.jsonl", _lines(2) + '{"problem": "1+1?"}\n')),
+                    "eval": str(i.data_dir / "eval.jsonl"),
+                },
+            },
+        ),
+        ("local/train.jsonl:3: no answer", "fix or delete that line"),
+    ),
+    Case(
+        "prepare-qwen3-unknown-model-key",
+        lambda i: _prepare(i, {"kind": "qwen3", "model": {"num_layers": 2}, "word_problems": {"n_train": 4}}),
+        ("prepare.model: unknown key 'num_layers'", "did you mean"),
+    ),
+    Case(
+        "prepare-qwen3-no-data",
+        lambda i: _prepare(i, {"kind": "qwen3", "model": {"num_hidden_layers": 2}}),
+        ("give exactly one of data", "word_problems"),
     ),
     Case(
         "prepare-local-corrupt-data",

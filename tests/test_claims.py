@@ -411,15 +411,19 @@ def test_c5_from_bench_jsons(tmp_path):
 def test_c5_on_the_committed_benchmarks():
     bench = Path(__file__).resolve().parents[1] / "results" / "bench"
     c5 = C.claim_c5(bench)
+    runs = [json.loads(p.read_text()) for p in bench.glob("learner_h200*.json")]
+    # the speed ratio needs both recipes in one run (files of minite against its own variants don't count)
     latest = max(
-        (json.loads(p.read_text()) for p in bench.glob("learner_h200*.json")),
-        key=lambda d: d["environment"]["date"],
+        (d for d in runs if {"bf16", "minite"} <= set(d["recipes"])), key=lambda d: d["environment"]["date"]
     )
     r = latest["recipes"]
     assert c5["numbers"]["minite_over_bf16_median"] == pytest.approx(
         r["minite"]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
     )
-    assert c5["numbers"]["minite_over_bf16_median"] < 1 < c5["numbers"]["minite_over_te_nvfp4_median"]
+    assert c5["numbers"]["minite_over_bf16_median"] < 1  # Hopper: no FP4 MMA (module docstring)
+    assert c5["verdict"] != "reproduced"
+    if any("te_nvfp4" in d["recipes"] for d in runs):
+        assert c5["numbers"]["minite_over_te_nvfp4_median"] > 1
 
 
 # --- the verb ------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_minite_sampler_forward_equals_trainer_forward():
         assert getattr(MINITE.trainer, f) == getattr(MINITE.sampler, f), f
     assert MINITE.sampler.fprop_act.scope == "row"
     assert MINITE.sampler.weight_source == "trainer"
-    assert (MINITE.trainer.rope, MINITE.trainer.attention) == ("fp32", "fp64")
+    assert (MINITE.trainer.rope, MINITE.trainer.attention) == ("fp32", "fixed")
 
 
 def test_naive_recipes_keep_each_engines_own_rope_and_attention():

@@ -1,12 +1,20 @@
-"""The shape of the tree: no import circle among minite's modules (kernels/ is minite.kernels).
+"""The shape of the tree: no import circle among minite's modules (kernels/ is minite.kernels), and a
+product that speaks of itself as it is now.
 
 Imports inside functions count too: a lazy import hides a circle from Python's loader, not from a
-reader, who still cannot understand one module without the other."""
+reader, who still cannot understand one module without the other. What changed and when lives in git
+history: no file of the product labels a fact by a numbered round of work ("session 19", "issue 6",
+"stop 18") or by a round suffix on a file name (`kernels_h200_s19.md`)."""
 
 from __future__ import annotations
 
 import ast
+import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,3 +95,43 @@ def test_no_import_circle():
     graph = import_graph()
     assert "minite.kernels.moe" in graph and graph["minite.kernels.moe"], "the scan found no imports"
     assert cycles(graph) == []
+
+
+PRODUCT = ("README.md", "docs", "kernels", "minite", "results", "scripts", "configs")
+ROUND_LABEL = re.compile(
+    r"\b(?:sessions?[ -]?\d+|rounds? \d+|stops? \d+|issues? ?#?\d+)\b|_s\d+[a-z]?\b", re.IGNORECASE
+)
+
+
+def round_labels(text: str) -> list[str]:
+    return [m.group(0) for m in ROUND_LABEL.finditer(text)]
+
+
+def test_round_label_pattern():
+    hits = "kernels_h200_s19b.md; in session 19; session-19 tiles; Issue 6 sweep; (stop 18); round 3"
+    assert round_labels(hits) == ["_s19b", "session 19", "session-19", "Issue 6", "stop 18", "round 3"]
+    assert round_labels("max_seq 4096 tokens, 16x16 blocks, s_enc, top-8 experts, step 18") == []
+
+
+def test_no_round_labels_in_the_product():
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout to list the tracked files")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--", *PRODUCT], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    assert len(files) > 100, "the scan found no files"
+    found = []
+    for name in filter(None, files):
+        path = REPO / name
+        found += [f"{name}: file name"] if round_labels(path.name) else []
+        if not path.is_file() or path.stat().st_size > 2_000_000:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [
+            f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+            for m in ROUND_LABEL.finditer(text)
+        ]
+    assert found == []

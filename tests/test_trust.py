@@ -1,4 +1,4 @@
-"""Trust checks (issue 10): what miniTE loads, runs and serves cannot be turned against its user.
+"""Trust checks: what miniTE loads, runs and serves cannot be turned against its user.
 
 - Checkpoints and model files are never unpickled: no torch.load / pickle / joblib / dill loads, no
   `weights_only=False`, no `allow_pickle=True` anywhere in minite/ or kernels/; a checkpoint on disk

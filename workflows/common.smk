@@ -18,8 +18,11 @@ BENCH = f"{RES}/benchmarks"  # one Snakemake benchmark record per job (the paper
 PREP = f"{RES}/prepare"
 EXPERIMENT = P.experiment_name(config)
 
-# Jobs inherit the MLflow store and run offline. MLFLOW_TRACKING_URI from the environment wins, then
-# the profile's mlflow.tracking_uri, then sqlite:///<workdir>/results/<profile>/mlflow.db.
+# Where jobs log (workflows/tracking.smk): MLFLOW_TRACKING_URI from the environment, else the profile's
+# mlflow.tracking_uri (USER_TRACKING_URI: used as given); else the `mlflow server` that onstart starts
+# over sqlite:///<workdir>/results/<profile>/mlflow.db, which jobs write directly (file lock) only
+# where no server runs (--no-hooks; jobs on other hosts).
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI") or (config.get("mlflow") or {}).get("tracking_uri")
 os.environ["MLFLOW_TRACKING_URI"] = P.tracking_uri(config)
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
@@ -56,6 +59,20 @@ def threads_of(stage, default=1):
     return job(stage, "threads", default)
 
 
+def all_cores(fallback=1):
+    """Every core Snakemake may use here (`--cores`), for the rules that want the whole machine (the
+    throughput benchmarks). Under a cluster executor (SLURM) there is no --cores: the main process
+    cannot ask (workflow.cores raises) and the job's own Snakemake sees `--cores all`, the whole node,
+    not the job's allocation. Both then take `fallback`, so the CPUs submitted (sbatch
+    --cpus-per-task) and the threads the job runs with agree; set jobs.<stage>.threads to size it."""
+    if workflow.remote_exec:
+        return fallback
+    try:
+        return max(1, workflow.cores or 1)
+    except WorkflowError:
+        return fallback
+
+
 def resources_of(stage):
     """SLURM-style resources of a stage's jobs (local runs only use threads)."""
     out = {}
@@ -64,6 +81,76 @@ def resources_of(stage):
         if v:
             out[name] = v
     return out
+
+
+# --- vLLM engines: which jobs hold one, and how many may run at once ----------------------------------
+# Every job that holds a vLLM engine (rl, eval, diagnose, throughput_rollout, when their engine is vllm)
+# takes one unit of the resource `vllm_engine` (`snakemake --resources vllm_engine=1` runs them one at a
+# time), and gets MINITE_VLLM_ENGINES: how many engine jobs may run while it runs, itself included.
+# The engine sizes its memory share from that and from the machine it runs on
+# (minite/engines/vllm/memory.py). An environment variable, as OMP_NUM_THREADS is, not a param: params
+# are a rerun trigger, and another --cores must not rerun the engine jobs.
+VLLM_RESOURCE = "vllm_engine"
+ENGINE_STAGES = ("rl", "eval", "diagnose", "throughput")
+
+
+def run_engine(run):
+    """The sampler engine of a run's RL (its rl settings, ablation overrides included)."""
+    return (spec(run)["rl"].get("sampler") or {}).get("engine", "builtin")
+
+
+def stage_engine(stage, run=None):
+    """The sampler engine of a stage's jobs: the stage's own `engine` key, else the run's (or the
+    profile's rl.sampler.engine for jobs of no run: the base model's eval, throughput)."""
+    if stage != "rl":
+        own = (config.get(stage) or {}).get("engine")
+        if own:
+            return own
+    if run is not None:
+        return run_engine(run)
+    return (config["rl"].get("sampler") or {}).get("engine", "builtin")
+
+
+def _resource_value(name):
+    r = workflow.global_resources.get(name) if hasattr(workflow.global_resources, "get") else None
+    r = getattr(r, "value", r)
+    return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def vllm_engines(stage):
+    """vLLM engine jobs that may run at once while a job of `stage` runs, itself included: the cores
+    its own threads leave, over the fewest threads any engine job takes, capped by --resources
+    vllm_engine=N; 1 under a cluster executor (each job its own allocation) and for a stage whose
+    jobs have GPUs of their own (MINITE_GPU_SLOTS)."""
+    if not workflow.local_exec:
+        return 1
+    if job(stage, "gpus") and os.environ.get("MINITE_GPU_SLOTS"):
+        return 1
+    cores = workflow.cores or 1
+
+    def threads(s):  # as the rules ask (throughput: every core, unless jobs.throughput.threads)
+        return min(cores, threads_of(s, cores if s == "throughput" else 1))
+
+    fewest = min([threads(s) for s in ENGINE_STAGES if stage_engine(s) == "vllm"] or [cores])
+    n = 1 + (cores - threads(stage)) // fewest
+    limit = _resource_value(VLLM_RESOURCE)
+    return max(1, min(n, limit) if limit else n)
+
+
+# the shell prefix of an engine job (`{VLLM_ENV[rl]}OMP_NUM_THREADS=... minite ...`)
+VLLM_ENV = {s: f"MINITE_VLLM_ENGINES={vllm_engines(s)} " for s in ENGINE_STAGES}
+
+
+def holds_vllm(stage, run=None):
+    """The `vllm_engine` resource of a job: 1 when it holds a vLLM engine, else 0."""
+    return int(stage_engine(stage, run) == "vllm")
+
+
+def share_flag():
+    """--gpu-memory-utilization of the profile's rl.sampler, for engine jobs that read no run config
+    (the base model's eval, throughput); the run's own value reaches its eval and diagnose jobs."""
+    share = (config["rl"].get("sampler") or {}).get("gpu_memory_utilization")
+    return f" --gpu-memory-utilization {share}" if share is not None else ""
 
 
 def rl_processes():
@@ -149,3 +236,75 @@ def run_targets(run):
 
 def all_targets():
     return [f"paper/{PROFILE}/report.md", f"{RES}/mlflow/prepare.json"]
+
+
+# --- SLURM: ask the cluster before submitting anything (minite/slurm.py) -----------------------------
+
+# the jobs-table stage each rule takes its threads and resources from (threads_of / resources_of)
+JOB_STAGES = {
+    "prepare": "prepare",
+    "rl": "rl",
+    "eval": "eval",
+    "eval_base": "eval",
+    "diagnose": "diagnose",
+    "throughput_learner": "throughput",
+    "throughput_rollout": "throughput",
+}
+_JOBS_KEY = {"gpu": "gpus", "mem_mb": "mem_mb", "runtime": "runtime", "threads": "threads"}
+
+
+def _snakemake_profile():
+    """The Snakemake profile file in use (--profile or $SNAKEMAKE_PROFILE), for messages."""
+    given = os.environ.get("SNAKEMAKE_PROFILE")
+    for i, arg in enumerate(sys.argv):
+        if arg == "--profile" and i + 1 < len(sys.argv):
+            given = sys.argv[i + 1]
+        elif arg.startswith("--profile="):
+            given = arg.split("=", 1)[1]
+    if not given:
+        return "the Snakemake profile (--profile)"
+    # a profile is a folder holding config.yaml (or the file itself); relative to where Snakemake
+    # was started, which --directory has left by now
+    return given if given.endswith((".yaml", ".yml")) else f"{given.rstrip('/')}/config.yaml"
+
+
+def slurm_key(rule, name):
+    """The key that sets resource `name` ("threads" for the CPUs) of `rule`: the one to change."""
+    prof = _snakemake_profile()
+    rs = workflow.resource_settings
+    if name == "threads" and rule in rs.overwrite_threads:
+        return f"`set-threads: {rule}` in {prof}"
+    if name != "threads" and name in (rs.overwrite_resources.get(rule) or {}):
+        return f"`set-resources: {rule}: {name}` in {prof}"
+    stage, key = JOB_STAGES.get(rule), _JOBS_KEY.get(name)
+    if stage and key:
+        table = f"`jobs.{stage}.{key}`"
+        if job(stage, key) is not None:
+            cli = workflow.config_settings.overwrite_config
+            return f"{table} in {P.key_source(PROFILE, ['jobs', stage, key], cli)}"
+        if name == "threads":
+            return f"{table} in {P.profile_path(PROFILE)}"
+        return f"`default-resources: {name}` in {prof} (or set {table} in {P.profile_path(PROFILE)})"
+    if name == "threads":
+        return f"`set-threads: {rule}` in {prof}"
+    return f"`default-resources: {name}` in {prof}"
+
+
+def slurm_preflight():
+    """Under the SLURM executor: every distinct sbatch request of the planned jobs, asked of the
+    cluster with `sbatch --test-only` before the first submission; refusals stop the run with the
+    key to change; and the plugin's status polling made to report cancelled jobs (minite/slurm.py).
+    Other executors, and the jobs' own Snakemake, skip it."""
+    plugin = workflow.executor_plugin
+    if plugin is None or workflow.remote_exec or plugin.name.split("-")[-1] != "slurm":
+        return
+    from minite.slurm import refusals, report_cancelled_jobs
+
+    report_cancelled_jobs()  # else a job cancelled with scancel is waited for forever (minite/slurm.py)
+    jobs = [j for j in workflow.dag.needrun_jobs() if not j.is_local]
+    msgs = refusals(jobs, slurm_key, settings=workflow.executor_settings)
+    if msgs:
+        raise WorkflowError(
+            f"SLURM would refuse {len(msgs)} kind(s) of job; nothing was submitted.\n  "
+            + "\n  ".join(m.replace("\n", "\n  ") for m in msgs)
+        )

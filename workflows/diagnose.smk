@@ -1,7 +1,9 @@
 # Stage 4: execution diagnostics of every run's final policy (`minite diagnose`): the trainer/sampler
 # gap on held-out prompts, the layer-by-layer trace against the run's sampler engine (built-in or
-# vLLM), quantization statistics, attribution by ablation and the ranked causes, as diagnose.json and
-# a Markdown + HTML report (plus MLflow). Off with diagnose.enabled: false.
+# vLLM; diagnose.engine overrides), quantization statistics, attribution by ablation (on
+# diagnose.attribution_engine, default the same engine: vLLM starts one engine per variant) and the
+# ranked causes, as diagnose.json and a Markdown + HTML report (plus MLflow). Off with
+# diagnose.enabled: false. A vLLM job takes a `vllm_engine` unit (common.smk).
 
 
 def _diagnose_args():
@@ -9,6 +11,7 @@ def _diagnose_args():
     args = [f"--n-prompts {d.get('n_prompts', 32)}", f"--max-new-tokens {d.get('max_new_tokens', 8)}"]
     for key, flag in (
         ("engine", "--engine"),
+        ("attribution_engine", "--attribution-engine"),
         ("samples_per_prompt", "--samples-per-prompt"),
         ("trace_sequences", "--trace-sequences"),
     ):
@@ -41,7 +44,8 @@ rule diagnose:
     threads: threads_of("diagnose")
     resources:
         **resources_of("diagnose"),
+        vllm_engine=lambda w: holds_vllm("diagnose", w.run),
     shell:
-        "OMP_NUM_THREADS={threads} {MINITE} diagnose --run {params.run} --model-dir {params.model}"
+        "{VLLM_ENV[diagnose]}OMP_NUM_THREADS={threads} {MINITE} diagnose --run {params.run} --model-dir {params.model}"
         " --data-dir {params.data} {params.args} --out {params.out} --mlflow-experiment {EXPERIMENT}"
         " --mlflow-run-name diagnose/{wildcards.run}/seed{wildcards.seed} > {log} 2>&1"

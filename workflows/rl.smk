@@ -1,7 +1,9 @@
 # Stage 2: RL. A run is a recipe (configs/recipes/<run>.yaml) or an ablation
 # (configs/ablations/<run>.yaml); `run_config` resolves it into the two files `minite train` reads.
 # An RL job is one process (`minite train`) or, for profiles whose jobs.rl has processes/gpus > 1,
-# `minite train-dist` under torchrun (common.smk: rl_command).
+# `minite train-dist` under torchrun (common.smk: rl_command). Its sampler engine (rl.sampler.engine)
+# starts once and serves every step (weights synced in place); a vLLM one takes a `vllm_engine` unit
+# and sizes its memory from MINITE_VLLM_ENGINES (common.smk).
 #
 # Rerun precision: run_config's inputs are exactly the YAML files the run is built from (its recipe
 # chain, its ablation file) and its params are the resolved spec (recipe + the rl settings after the
@@ -52,8 +54,9 @@ rule rl:
     threads: threads_of("rl")
     resources:
         **resources_of("rl"),
+        vllm_engine=lambda w: holds_vllm("rl", w.run),
     shell:
-        "{params.launch} --config {input.train} --recipe {input.recipe}"
+        "{VLLM_ENV[rl]}{params.launch} --config {input.train} --recipe {input.recipe}"
         " --seed {wildcards.seed} --model-dir {params.model} --data-dir {params.data}"
         " --out {params.out} --no-progress"
         " --mlflow-experiment {EXPERIMENT} --mlflow-run-name rl/{wildcards.run}/seed{wildcards.seed}"

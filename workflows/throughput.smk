@@ -5,7 +5,10 @@
 # (--shape, --layers: how results/bench/*_h200.* were made, scripts/gpu/bench_h200.sh), e.g.
 #   snakemake --cores 16 throughput_learner throughput_rollout --config profile=h200 \
 #       'throughput={shape: qwen3-30b-a3b, activation_reserve_gib: 40}'
-# Each takes every core (threads = --cores), so Snakemake runs them alone, one after the other.
+# Each takes every core (threads = --cores; on a cluster jobs.throughput.threads, else 1: common.smk
+# all_cores), so Snakemake runs them alone, one after the other. The rollout engine is
+# throughput.engine, else rl.sampler.engine; with vLLM each recipe's engine starts once and is timed
+# after a warm-up.
 
 TP = config["throughput"]
 TP_RECIPES = list(dict.fromkeys(["bf16", *(TP.get("recipes") or config["recipes"])]))
@@ -43,11 +46,8 @@ LEARNER_FLAGS = bench_flags(
         **(TP.get("learner") or {}),
     }
 )
-ROLLOUT_FLAGS = bench_flags(
-    {
-        "engine": TP.get("engine") or (config["rl"].get("sampler") or {}).get("engine", "builtin"),
-        **(TP.get("rollout") or {}),
-    }
+ROLLOUT_FLAGS = bench_flags({"engine": stage_engine("throughput"), **(TP.get("rollout") or {})}) + (
+    share_flag() if stage_engine("throughput") == "vllm" else ""
 )
 
 
@@ -63,7 +63,7 @@ rule throughput_learner:
         f"{LOGS}/throughput/learner.log",
     benchmark:
         f"{BENCH}/throughput/learner.tsv"
-    threads: threads_of("throughput", max(1, workflow.cores or 1))
+    threads: threads_of("throughput", all_cores())
     resources:
         **resources_of("throughput"),
     shell:
@@ -83,9 +83,10 @@ rule throughput_rollout:
         f"{LOGS}/throughput/rollout.log",
     benchmark:
         f"{BENCH}/throughput/rollout.tsv"
-    threads: threads_of("throughput", max(1, workflow.cores or 1))
+    threads: threads_of("throughput", all_cores())
     resources:
         **resources_of("throughput"),
+        vllm_engine=holds_vllm("throughput"),
     shell:
-        "OMP_NUM_THREADS={threads} {MINITE} bench rollout {params.model} --recipes {input.recipes}"
+        "{VLLM_ENV[throughput]}OMP_NUM_THREADS={threads} {MINITE} bench rollout {params.model} --recipes {input.recipes}"
         " {params.flags} --threads {threads} --out {output} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"

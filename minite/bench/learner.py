@@ -24,12 +24,12 @@ torch's multi-tensor AdamW) plus a fixed activation reserve; `--layers N` overri
 Recipe numerics on CUDA (`NumericsSpec.gemm`): `bf16` runs transformers' fastest experts implementation
 (grouped_mm) and SDPA; `te_nvfp4` the unfused TE-style emulation (torch quantize -> bf16 dequantize ->
 cuBLAS, a per-expert loop); `minite` the fused Triton kernels (grouped MoE GEMMs) with its aligned fp32
-RoPE and float64 attention core, as configured (its cost is reported, not changed).
+RoPE and fixed-order attention core, as configured (its cost is reported, not changed).
 
 Breakdown (one extra, instrumented update, after the timed ones): device-timeline marks (CUDA events)
 around every decoder layer, its attention and MoE block and the experts inside it, forward and backward
 (an identity autograd function at each module's input and output records when its gradient passes),
-around every NVFP4 quantize and NVFP4 GEMM call, the float64 attention core, the optimizer step and the
+around every NVFP4 quantize and NVFP4 GEMM call, the fixed attention core, the optimizer step and the
 per-parameter gradient passes. Per-layer numbers include the recompute forward. Launch-bound code shows
 up as device idle time inside the region that launched it, which is where it belongs.
 
@@ -468,7 +468,7 @@ def _instrument(tl: Timeline, trainer, device: torch.device) -> None:
     for name in ("emulated_matmul", "nvfp4_matmul_ref"):
         tl.function(functional_mod, name, "nvfp4_gemm")
     tl.function(dispatch, "matmul", "nvfp4_gemm")
-    tl.marked_function(attention_mod, "attention_fp64", "attention_fp64")
+    tl.marked_function(attention_mod, "fixed_attention", "attention_core")
     for name in ("_clip_grads", "_nonfinite_grads", "_nonfinite_params"):
         tl.function(trainer, name, "param_passes")
     for name in ("nonfinite_grads", "nonfinite_params"):
@@ -535,7 +535,7 @@ def summarize_breakdown(
         if any(r["quantized"] == flag for r in rows)
     }
     nq = sum(r["quantized"] for r in rows)
-    att64 = both("attention_fp64")
+    core = both("attention_core")
     out = {
         "instrumented_update_ms": total_ms,
         "layers_ms": layers_ms,
@@ -544,11 +544,11 @@ def summarize_breakdown(
         "fixed_ms": fixed_ms,
         "quantize_ms": fn.get("quantize", 0.0),
         "nvfp4_gemm_ms": fn.get("nvfp4_gemm", 0.0),
-        "attention_fp64_core_ms": att64,
+        "attention_core_ms": core,
         "per_layer_ms": per_layer_ms,
         "quantize_ms_per_quantized_layer": fn.get("quantize", 0.0) / nq if nq else 0.0,
         "nvfp4_gemm_ms_per_quantized_layer": fn.get("nvfp4_gemm", 0.0) / nq if nq else 0.0,
-        "attention_fp64_core_ms_per_layer": att64 / layers,
+        "attention_core_ms_per_layer": core / layers,
         "layers": rows,
         "notes": (
             "device-timeline spans of one extra update (recompute + forward + backward + step); per layer "
@@ -886,7 +886,7 @@ def markdown(report: dict[str, Any]) -> str:
             "Per-layer split (ms per decoder layer, recompute forward + forward + backward; quantized "
             "layers, bf16 layers in brackets) and whole-update parts (ms):",
             "",
-            "| recipe | layer | attention | of which fp64 core | experts | router/MoE other | norms+residual "
+            "| recipe | layer | attention | of which core | experts | router/MoE other | norms+residual "
             "| quantize / q-layer | NVFP4 GEMM / q-layer | optimizer | grad passes "
             "| fixed (emb, lm_head, loss) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -905,7 +905,7 @@ def markdown(report: dict[str, Any]) -> str:
 
             lines.append(
                 f"| {name} | {cell('total_ms')} | {cell('attention_ms')} | "
-                f"{_f(bd['attention_fp64_core_ms_per_layer'], '.1f')} | {cell('experts_ms')} | "
+                f"{_f(bd['attention_core_ms_per_layer'], '.1f')} | {cell('experts_ms')} | "
                 f"{cell('moe_other_ms')} | {cell('norms_residual_ms')} | "
                 f"{_f(bd['quantize_ms_per_quantized_layer'], '.1f')} | "
                 f"{_f(bd['nvfp4_gemm_ms_per_quantized_layer'], '.1f')} | {bd['optimizer_ms']:.1f} | "

@@ -256,9 +256,11 @@ def measure_engine(
     engine: str,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    gpu_memory_utilization: float | None = None,
 ) -> dict[str, Any]:
     """Generated tokens/s of the recipe's `engine` (minite.runs.build_sampler) end to end, per batch
-    size: `generate` on random prompts at temperature 1 (the engine may stop a row early at EOS)."""
+    size: `generate` on random prompts at temperature 1 (the engine may stop a row early at EOS).
+    `gpu_memory_utilization`: vLLM's share (None: derived, minite.engines.vllm.memory)."""
     from minite.engines.base import SamplingParams
     from minite.runs import build_sampler as build_engine
     from minite.runs import load_policy, sync
@@ -271,6 +273,7 @@ def measure_engine(
         None,
         seed=seed,
         max_model_len=cfg.prompt_len + cfg.max_new_tokens + 1,
+        gpu_memory_utilization=gpu_memory_utilization,
     )
     rows: dict[str, Any] = {}
     try:
@@ -308,6 +311,7 @@ def measure_engine(
         sampler.close()
     return {
         "engine": engine,
+        "engine_memory": sampler.memory.as_dict() if hasattr(sampler, "memory") else None,
         "sampler_gemm": recipe.sampler.gemm,
         "sampler_attention": recipe.sampler.attention,
         "weight_source": recipe.sampler.weight_source,
@@ -324,6 +328,7 @@ def run(
     layers: int | str | None = None,
     model_dir: str | None = None,
     engine: str = "builtin",
+    gpu_memory_utilization: float | None = None,
     bytes_per_param: float = 20.0,
     activation_reserve_gib: float = 24.0,
     seed: int = 0,
@@ -356,7 +361,9 @@ def run(
             if engine == "builtin":
                 rows[recipe.name] = measure_recipe(recipe, source, cfg, device, bw, seed, log)
             else:
-                rows[recipe.name] = measure_engine(recipe, source, cfg, engine, seed, log)
+                rows[recipe.name] = measure_engine(
+                    recipe, source, cfg, engine, seed, log, gpu_memory_utilization
+                )
         except torch.OutOfMemoryError as exc:
             failed[recipe.name] = f"OutOfMemoryError at {n} layers: {str(exc)[:300]}"
             log(f"rollout: {recipe.name}: {failed[recipe.name]}")

@@ -1,4 +1,5 @@
-r"""`minite bench learner|rollout`: learner or rollout throughput of several recipes, in one process.
+r"""`minite bench learner|rollout|attention`: learner or rollout throughput of several recipes, in one
+process; or the fixed attention core alone against torch's SDPA (`attention`, one GPU).
 
 Each verb measures every recipe one after the other in one process on the same data and writes a JSON
 report with a Markdown table beside it (minite.bench.learner, minite.bench.rollout); every speed is also
@@ -27,22 +28,24 @@ throughput_learner or throughput_rollout, run = the recipe).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 from minite.commands.common import run_guarded
 
-VERBS = ("learner", "rollout")
+VERBS = ("learner", "rollout", "attention")
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = p.add_subparsers(dest="verb", required=True, metavar="{learner,rollout}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="{learner,rollout,attention}")
     _learner_args(sub)
     _rollout_args(sub)
+    _attention_args(sub)
     args = p.parse_args(argv)
     command = " ".join(["minite", "bench", *argv])
     return run_guarded(lambda: _run(args, command))
@@ -112,6 +115,12 @@ def _rollout_args(sub) -> None:
     _common(p)
     d = R.RolloutConfig()
     p.add_argument("--engine", choices=list(R.ENGINES), default="builtin", help="vllm: with --model-dir only")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share per engine (default: derived from the machine and the engine jobs at once, "
+        "minite.engines.vllm.memory)",
+    )
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(d.batch_sizes))
     p.add_argument("--prompt-len", type=int, default=d.prompt_len)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -120,62 +129,127 @@ def _rollout_args(sub) -> None:
     p.add_argument("--max-seconds", type=float, help="per batch size: stop after this many timed seconds")
 
 
+def _attention_args(sub) -> None:
+    from minite.bench import attention as A
+
+    p = sub.add_parser(
+        "attention",
+        prog="minite bench attention",
+        description=A.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="the fixed attention core against torch SDPA (forward, backward, decode)",
+    )
+    d = A.AttentionBenchConfig()
+    p.add_argument("--seq-lens", type=int, nargs="+", default=list(d.seq_lens))
+    p.add_argument("--tokens", type=int, default=d.tokens, help="batch = tokens / length")
+    p.add_argument("--decode-contexts", type=int, nargs="*", default=list(d.decode_contexts))
+    p.add_argument("--decode-batches", type=int, nargs="+", default=list(d.decode_batches))
+    p.add_argument("--rep-ms", type=int, default=d.rep_ms, help="timing budget per measurement")
+    p.add_argument("--out", required=True, help="JSON report; the Markdown goes beside it (.md)")
+
+
+def _run_attention(args: argparse.Namespace, command: str) -> int:
+    from minite.bench import attention as A
+
+    cfg = A.AttentionBenchConfig(
+        seq_lens=tuple(args.seq_lens),
+        tokens=args.tokens,
+        decode_contexts=tuple(args.decode_contexts),
+        decode_batches=tuple(args.decode_batches),
+        rep_ms=args.rep_ms,
+    )
+    report = A.run(
+        cfg, command=command, progress=lambda rep: _write(rep, args.out, A.markdown(rep), quiet=True)
+    )
+    _write(report, args.out, A.markdown(report))
+    print(A.markdown(report))
+    return 0
+
+
 def _run(args: argparse.Namespace, command: str) -> int:
+    if args.verb == "attention":
+        return _run_attention(args, command)
     import torch
 
     from minite.bench import learner as L
     from minite.bench import rollout as R
+    from minite.tracking import job_run
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    recipes = [L.parse_recipe(r) for r in args.recipes]
-    kw: dict[str, Any] = dict(
-        shape=args.shape,
-        layers=args.layers,
-        model_dir=args.model_dir,
-        bytes_per_param=args.bytes_per_param,
-        activation_reserve_gib=args.activation_reserve_gib,
-        seed=args.seed,
-        log=lambda m: print(m, flush=True),
-        command=command,
-    )
-    if args.verb == "learner":
-        cfg = L.LearnerConfig(
-            batch=args.batch,
-            prompt_len=args.prompt_len,
-            completion_len=args.completion_len,
-            micro_batch=args.micro_batch,
-            warmup=args.warmup,
-            iters=args.iters,
-            breakdown=not args.no_breakdown,
-            max_seconds=args.max_seconds,
-            compute_dtype=args.compute_dtype,
+    job_cm = contextlib.nullcontext()
+    if args.mlflow_experiment:  # the job's run: RUNNING while it measures, with system metrics
+        job_cm = job_run(
+            experiment=args.mlflow_experiment,
+            stage=f"throughput_{args.verb}",
+            run="all",
+            verb=f"minite bench {args.verb}",
+            recipe="all",
+            config={"bench": {k: v for k, v in vars(args).items() if k != "func"}},
+            system_metrics=True,
         )
-        md = L.markdown
-        report = L.run(recipes, cfg, progress=lambda rep: _write(rep, args.out, md(rep), quiet=True), **kw)
-    else:
-        cfg = R.RolloutConfig(
-            batch_sizes=tuple(args.batch_sizes),
-            prompt_len=args.prompt_len,
-            max_new_tokens=args.max_new_tokens,
-            warmup=args.warmup,
-            iters=args.iters,
-            cuda_graphs=not args.no_cuda_graphs,
-            eager_steps=args.eager_steps,
-            max_seconds=args.max_seconds,
+    with job_cm as job:
+        recipes = [L.parse_recipe(r) for r in args.recipes]
+        kw: dict[str, Any] = dict(
+            shape=args.shape,
+            layers=args.layers,
+            model_dir=args.model_dir,
+            bytes_per_param=args.bytes_per_param,
+            activation_reserve_gib=args.activation_reserve_gib,
+            seed=args.seed,
+            log=lambda m: print(m, flush=True),
+            command=command,
         )
-        md = R.markdown
-        report = R.run(
-            recipes,
-            cfg,
-            engine=args.engine,
-            progress=lambda rep: _write(rep, args.out, md(rep), quiet=True),
-            **kw,
-        )
-    _write(report, args.out, md(report))
-    _decode_figure(report, args.out)
-    if args.mlflow_experiment:
-        report["mlflow"] = log_mlflow(report, args.out, args.mlflow_experiment)
+        if args.verb == "learner":
+            cfg = L.LearnerConfig(
+                batch=args.batch,
+                prompt_len=args.prompt_len,
+                completion_len=args.completion_len,
+                micro_batch=args.micro_batch,
+                warmup=args.warmup,
+                iters=args.iters,
+                breakdown=not args.no_breakdown,
+                max_seconds=args.max_seconds,
+                compute_dtype=args.compute_dtype,
+            )
+            md = L.markdown
+            report = L.run(
+                recipes, cfg, progress=lambda rep: _write(rep, args.out, md(rep), quiet=True), **kw
+            )
+        else:
+            cfg = R.RolloutConfig(
+                batch_sizes=tuple(args.batch_sizes),
+                prompt_len=args.prompt_len,
+                max_new_tokens=args.max_new_tokens,
+                warmup=args.warmup,
+                iters=args.iters,
+                cuda_graphs=not args.no_cuda_graphs,
+                eager_steps=args.eager_steps,
+                max_seconds=args.max_seconds,
+            )
+            md = R.markdown
+            share = args.gpu_memory_utilization
+            if share is not None:
+                from minite.commands.eval import check_share
+
+                check_share(share)
+            report = R.run(
+                recipes,
+                cfg,
+                engine=args.engine,
+                gpu_memory_utilization=share,
+                progress=lambda rep: _write(rep, args.out, md(rep), quiet=True),
+                **kw,
+            )
+        _write(report, args.out, md(report))
+        _decode_figure(report, args.out)
+        if job is not None:
+            path = Path(args.out)
+            job.log_artifacts(
+                [p for p in (path, path.with_suffix(".md"), path.with_suffix(".png")) if p.exists()]
+            )
+    if job is not None:
+        report["mlflow"] = log_mlflow(report, args.out, args.mlflow_experiment, job.run_id)
         _write(report, args.out, md(report), quiet=True)
     print(md(report))
     return 0
@@ -183,12 +257,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
 def _decode_figure(report: dict, out: str) -> Path | None:
     """Beside a rollout report measured at several batch sizes: decode tokens/s and the ratio to bf16
-    against batch size (minite.figures.fig_decode_batches), as <out>.png."""
-    from minite.figures import _style, decode_rows, fig_decode_batches
+    against batch size (minite.figures.throughput.fig_decode_batches), as <out>.png."""
+    from minite.figures.style import apply_style
+    from minite.figures.throughput import decode_rows, fig_decode_batches
 
     if decode_rows(report).empty:
         return None
-    _style()
+    apply_style()
     path = Path(out)
     (png,) = fig_decode_batches(report, path.parent, ["png"], 150, "minite bench rollout", stem=path.stem)
     print(f"minite bench: wrote {png}")
@@ -225,8 +300,9 @@ def metrics_of(report: dict[str, Any], name: str) -> dict[str, float]:
     return out
 
 
-def log_mlflow(report: dict[str, Any], out: str, experiment: str) -> dict[str, Any]:
-    """One MLflow run per recipe (stage throughput_<kind>, run = the recipe), the report as artifact."""
+def log_mlflow(report: dict[str, Any], out: str, experiment: str, job_run_id: str) -> dict[str, Any]:
+    """One MLflow run per recipe (stage throughput_<kind>, run = the recipe), the report as artifact;
+    each names the job's run (`minite.job_run`, which holds the system metrics)."""
     from minite.tracking import log_run
 
     path = Path(out)
@@ -238,9 +314,15 @@ def log_mlflow(report: dict[str, Any], out: str, experiment: str) -> dict[str, A
             run=name,
             seed="all",
             config={"bench": report["config"], "shape": report["shape"], "device": report["device"]},
-            params={"device": report["device"]["label"], "torch": report["environment"]["torch"]},
+            params={
+                "device": report["device"]["label"],
+                "torch": report["environment"]["torch"],
+                # the engine whose numbers these are: the trainer for learner throughput
+                "engine": report.get("engine", "builtin") if report["kind"] == "rollout" else "trainer",
+            },
             metrics=metrics_of(report, name),
             artifacts=[p for p in (path, path.with_suffix(".md"), path.with_suffix(".png")) if p.exists()],
-            tags={"device": report["device"]["kind"]},
+            tags={"device": report["device"]["kind"], "minite.job_run": job_run_id},
+            verb=f"minite bench {report['kind']}",
         )
     return refs

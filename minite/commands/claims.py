@@ -62,8 +62,8 @@ def main(argv: list[str]) -> int:
         if missing:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
         from minite.claims import evaluate, load_seeds
-        from minite.claims_figures import _style, fig_curves, fig_dose, fig_final
         from minite.claims_report import claims_markdown, record
+        from minite.figures.claims import _style, fig_curves, fig_dose, fig_final
         from minite.tracking import git_commit
 
         level, margin = float(sec.get("level", 0.95)), float(sec.get("margin", 0.05))

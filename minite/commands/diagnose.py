@@ -19,6 +19,7 @@ PNG). With --mlflow-experiment the numbers go to MLflow as one run keyed diagnos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -71,15 +72,25 @@ def main(argv: list[str]) -> int:
         choices=["builtin", "vllm"],
         help="engine of the attribution pairs (default: --engine; vllm: one engine per variant)",
     )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vLLM's memory share (default: the run's rl.sampler.gpu_memory_utilization, else derived from "
+        "the machine and the engine jobs at once: minite.engines.vllm.memory)",
+    )
     p.add_argument("--mlflow-experiment")
     p.add_argument("--mlflow-run-name")
     p.add_argument("--mlflow-uri", help="tracking URI (default: MLFLOW_TRACKING_URI or the profile's store)")
     args = p.parse_args(argv)
 
     def go() -> int:
+        from minite.commands.eval import check_share
+        from minite.configuration import from_dict
         from minite.diagnostics.report import write_report
         from minite.diagnostics.run import DiagnoseConfig, diagnose
-        from minite.tracking import run_identity
+        from minite.rl.prompts import PromptConfig
+        from minite.rl.rewards import RewardConfig
+        from minite.tracking import job_run, run_identity, write_run_ref
 
         rc: dict[str, Any] = {}
         run_dir = None
@@ -113,15 +124,42 @@ def main(argv: list[str]) -> int:
             trace_sequences=args.trace_sequences,
             attribution=not args.no_attribution,
             attribution_engine=args.attribution_engine,
+            prompt=from_dict(PromptConfig, rc.get("prompt") or {}, where="the run's prompt"),
+            reward=from_dict(RewardConfig, rc.get("reward") or {}, where="the run's reward"),
+            gpu_memory_utilization=(
+                check_share(args.gpu_memory_utilization)
+                if args.gpu_memory_utilization is not None
+                else sampler_cfg.get("gpu_memory_utilization")
+            ),
         )
-        d = diagnose(cfg)
-        d.update(run_identity(str(recipe)), seed=seed, run_dir=str(run_dir) if run_dir else None)
-        out = Path(args.out)
-        md, html = write_report(d, out)
-        path = out / "diagnose.json"
-        path.write_text(json.dumps(d, indent=2, default=float) + "\n")
-        if args.mlflow_experiment:
-            d["mlflow"] = _log(d, out, args, seed)
+        ident = run_identity(str(recipe))
+        job_cm = contextlib.nullcontext()
+        if args.mlflow_experiment:  # RUNNING while the diagnosis runs
+            job_cm = job_run(
+                experiment=args.mlflow_experiment,
+                stage="diagnose",
+                run=ident["run"],
+                verb="minite diagnose",
+                seed=seed,
+                recipe=ident["recipe"],
+                ablation=None if ident["ablation"] == "none" else ident["ablation"],
+                config={"diagnose": _config_params(cfg)},
+                datasets=[(Path(cfg.data_dir) / "eval.jsonl", "evaluation")],
+                run_name=args.mlflow_run_name,
+                uri=args.mlflow_uri,
+            )
+        with job_cm as job:
+            d = diagnose(cfg)
+            d.update(ident, seed=seed, run_dir=str(run_dir) if run_dir else None)
+            out = Path(args.out)
+            md, html = write_report(d, out)
+            path = out / "diagnose.json"
+            path.write_text(json.dumps(d, indent=2, default=float) + "\n")
+            if job is not None:
+                _log(job, d, out)
+        if job is not None:
+            d["mlflow"] = job.ref()
+            write_run_ref(out / "mlflow_run.json", d["mlflow"])
             path.write_text(json.dumps(d, indent=2, default=float) + "\n")
         g, t = d["mismatch"], d["trace"]
         top = [c["cause"] + ("" if c["share"] is None else f" {c['share']:.0%}") for c in d["causes"][:3]]
@@ -164,33 +202,28 @@ def metrics_of(d: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, flo
     return metrics, series
 
 
-def _log(d: dict[str, Any], out: Path, args: argparse.Namespace, seed: int) -> dict[str, str]:
-    """One MLflow run per diagnosis; the causes and sites as params, report files as artifacts."""
-    from minite.tracking import log_run, write_run_ref
+def _config_params(cfg) -> dict[str, Any]:
+    from dataclasses import asdict
 
+    return asdict(cfg)
+
+
+def _log(job, d: dict[str, Any], out: Path) -> None:
+    """The diagnosis into its run: causes and sites as params, numbers as metrics, report files as
+    artifacts."""
     metrics, series = metrics_of(d)
     t = d["trace"]
-    params = {
-        "first_divergent_site": t["first_divergent_site"],
-        "first_nonzero_site": t["first_nonzero_site"],
-        "largest_jump_site": t["largest_jump_site"],
-        "causes": ", ".join(c["cause"] for c in d["causes"]),
-        "checkpoint": d["checkpoint"],
-    }
-    ref = log_run(
-        experiment=args.mlflow_experiment,
-        stage="diagnose",
-        run=d["run"],
-        seed=seed,
-        recipe=d["recipe"],
-        ablation=None if d.get("ablation", "none") == "none" else d["ablation"],
-        params=params,
-        config={"diagnose": d["config"]},
-        metrics=metrics,
-        series=series,
-        artifacts=[p for p in sorted(out.iterdir()) if p.suffix in (".json", ".md", ".html", ".png")],
-        run_name=args.mlflow_run_name,
-        uri=args.mlflow_uri,
+    job.log_params(
+        {
+            "engine": d["engine"],
+            "attribution_engine": (d.get("attribution") or {}).get("engine", "none"),
+            "first_divergent_site": t["first_divergent_site"],
+            "first_nonzero_site": t["first_nonzero_site"],
+            "largest_jump_site": t["largest_jump_site"],
+            "causes": ", ".join(c["cause"] for c in d["causes"]),
+            "checkpoint": d["checkpoint"],
+        }
     )
-    write_run_ref(out / "mlflow_run.json", ref)
-    return ref
+    job.log_metrics(metrics)
+    job.log_series(series)
+    job.log_artifacts([p for p in sorted(out.iterdir()) if p.suffix in (".json", ".md", ".html", ".png")])

@@ -12,6 +12,7 @@ manifest are logged as artifacts of one MLflow run (stage "figures").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -38,33 +39,37 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        from minite.figures import build
-        from minite.tracking import log_run
+        from minite.figures.build import build
+        from minite.tracking import job_run
 
-        manifest = build(
-            rl_dirs=args.rl,
-            eval_files=args.evals,
-            diag_files=args.diagnose,
-            throughput=args.throughput,
-            bench_files=sorted(Path(args.benchmarks_dir).rglob("*.tsv")) if args.benchmarks_dir else [],
-            figures_dir=args.figures_dir,
-            tables_dir=args.tables_dir,
-            formats=[f for f in args.formats.split(",") if f],
-            dpi=args.dpi,
-            title=args.title,
-        )
-        mpath = Path(args.figures_dir) / "manifest.json"
-        if args.mlflow_experiment:
-            manifest["mlflow"] = log_run(
+        job_cm = contextlib.nullcontext()
+        if args.mlflow_experiment:  # RUNNING while the figures are drawn
+            job_cm = job_run(
                 experiment=args.mlflow_experiment,
                 stage="figures",
                 run="all",
-                seed="all",
+                verb="minite figures",
                 recipe="all",
                 config={"figures": {"formats": args.formats, "dpi": args.dpi, "n_rl_runs": len(args.rl)}},
-                artifacts=[(args.figures_dir, "figures"), (args.tables_dir, "tables")],
             )
-            mpath.write_text(json.dumps(manifest, indent=2) + "\n")
+        with job_cm as job:
+            manifest = build(
+                rl_dirs=args.rl,
+                eval_files=args.evals,
+                diag_files=args.diagnose,
+                throughput=args.throughput,
+                bench_files=sorted(Path(args.benchmarks_dir).rglob("*.tsv")) if args.benchmarks_dir else [],
+                figures_dir=args.figures_dir,
+                tables_dir=args.tables_dir,
+                formats=[f for f in args.formats.split(",") if f],
+                dpi=args.dpi,
+                title=args.title,
+            )
+            if job is not None:
+                job.log_artifacts([(args.figures_dir, "figures"), (args.tables_dir, "tables")])
+        if job is not None:
+            manifest["mlflow"] = job.ref()
+            (Path(args.figures_dir) / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         print(
             f"minite figures: {len(manifest['figures'])} figures -> {args.figures_dir}, "
             f"{len(manifest['tables'])} tables -> {args.tables_dir}"

@@ -63,6 +63,7 @@ def main(argv: list[str]) -> int:
             config=non_numeric(data),
             metrics=numeric_leaves(data),
             artifacts=[args.json, *args.artifacts],
+            verb="minite log",
         )
         if args.ref_out:
             Path(args.ref_out).parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ Writes <out>/report.md with copies of the figures and tables next to it (see min
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from minite.commands.common import run_guarded
 
@@ -34,29 +35,32 @@ def main(argv: list[str]) -> int:
 
     def go() -> int:
         from minite.paper import build_report
-        from minite.tracking import git_commit, log_run
+        from minite.tracking import git_commit, job_run
 
-        report = build_report(
-            profile=args.profile,
-            figures_dir=args.figures_dir,
-            tables_dir=args.tables_dir,
-            out_dir=args.out,
-            throughput=args.throughput,
-            prepare_metrics=args.prepare_metrics,
-            run_config=args.run_config,
-            commit=git_commit(),
-            claims_dir=args.claims_dir,
-        )
+        job_cm = contextlib.nullcontext()
         if args.mlflow_experiment:
-            log_run(
+            job_cm = job_run(
                 experiment=args.mlflow_experiment,
                 stage="paper",
                 run="all",
-                seed="all",
+                verb="minite paper",
                 recipe="all",
                 config={"paper": {"profile": args.profile, "out": args.out}},
-                artifacts=[(args.out, "paper")],
             )
+        with job_cm as job:
+            report = build_report(
+                profile=args.profile,
+                figures_dir=args.figures_dir,
+                tables_dir=args.tables_dir,
+                out_dir=args.out,
+                throughput=args.throughput,
+                prepare_metrics=args.prepare_metrics,
+                run_config=args.run_config,
+                commit=git_commit(),
+                claims_dir=args.claims_dir,
+            )
+            if job is not None:
+                job.log_artifacts([(args.out, "paper")])
         print(f"minite paper: {report}")
         return 0
 

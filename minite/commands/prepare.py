@@ -1,15 +1,18 @@
 """`minite prepare`: task data, tokenizer and base model of a profile (its `prepare:` section).
 
-PLACEHOLDER written by the workflow worker until the RL-core worker's verb lands: it calls
-`minite.rl.prepare.prepare_tiny` when that exists and otherwise does the same steps inline (task
-splits, char tokenizer, tiny Qwen3-MoE, SFT warm start). Writes into --out:
-    data/train.jsonl, data/eval.jsonl, base_model/ (HF layout), prepare_metrics.json
+Writes into --out: data/train.jsonl, data/eval.jsonl, base_model/ (HF layout), prepare_metrics.json.
 
     minite prepare --profile configs/tiny.yaml --out results/tiny/prepare [--set prepare.sft.max_steps=50]
 
-`prepare.kind: local` (paper profile) links an existing checkpoint (`model_path`) and data files
-(`data.train`, `data.eval`, JSONL of {"prompt", "answer"}) into the same layout; paths are checked
-here, when the job runs, not when the workflow is planned.
+Kinds (minite.rl.prepare):
+- `tiny`: the arithmetic task's splits, the character tokenizer and an SFT-warmed tiny Qwen3-MoE.
+- `qwen3` (paper-mini): Qwen3-30B-A3B's architecture with `prepare.model` overrides, random init,
+  Qwen3's tokenizer; data from `prepare.data` files or `prepare.word_problems` (written in the paper's
+  formats, plus local eval files under eval/).
+- `local` (paper): an existing checkpoint folder (`model_path`, linked) and `prepare.data` files (verl
+  parquet, or JSONL in the MATH-500 / AIME / prompt-answer schemas), normalized into data/.
+Paths are checked here, when the job runs, not when the workflow is planned; everything is checked
+before --out is touched (rl.prompt of the profile says whether the tokenizer needs a chat template).
 """
 
 from __future__ import annotations
@@ -31,45 +34,6 @@ def _profile(path: str, overrides: dict[str, Any]) -> dict[str, Any]:
     for _, data in load_layers(path):
         cfg = deep_merge(cfg, data)
     return deep_merge(cfg, overrides)
-
-
-def _link(src: Path, dst: Path) -> None:
-    if dst.is_symlink() or dst.exists():
-        dst.unlink()
-    dst.symlink_to(src.resolve())
-
-
-def check_local(sec: dict[str, Any]) -> dict[str, int]:
-    """Validate a `kind: local` section before anything is written: the checkpoint folder and both
-    data files exist and every data line parses. Returns {split: number of examples}."""
-    model = sec.get("model_path")
-    data = sec.get("data")
-    if not isinstance(model, str) or not isinstance(data, dict) or not {"train", "eval"} <= set(data):
-        raise ConfigError(
-            "prepare (kind local): needs model_path (an HF checkpoint folder) and data: {train: FILE, "
-            "eval: FILE} (JSONL of {prompt, answer}); add the missing keys to the profile's prepare section"
-        )
-    if not (Path(model) / "config.json").is_file():
-        raise FileNotFoundError(f"prepare.model_path {model}: no config.json (an HF checkpoint folder?)")
-    from minite.rl.task import load_jsonl
-
-    counts = {}
-    for split in ("train", "eval"):
-        src = Path(data[split])
-        if not src.is_file():
-            raise FileNotFoundError(f"prepare.data.{split}: no file {src}")
-        counts[split] = len(load_jsonl(src))  # validates every line, naming file and line
-    return counts
-
-
-def prepare_local(sec: dict[str, Any], out: Path) -> dict[str, Any]:
-    counts = check_local(sec)
-    model = Path(sec["model_path"])
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    _link(model, out / "base_model")
-    for split in ("train", "eval"):
-        _link(Path(sec["data"][split]), out / "data" / f"{split}.jsonl")
-    return {"kind": "local", "model_path": str(model), "n_train": counts["train"], "n_eval": counts["eval"]}
 
 
 def check_tiny(sec: dict[str, Any]) -> None:
@@ -104,26 +68,6 @@ def check_tiny(sec: dict[str, Any]) -> None:
         raise ConfigError(f"prepare.model: {e}; every quantized linear needs multiples of 16") from e
 
 
-def prepare_tiny_inline(sec: dict[str, Any], out: Path) -> dict[str, Any]:
-    from minite.models.tiny import build_tiny_config, build_tiny_model, save_model
-    from minite.models.tokenizer import build_tokenizer
-    from minite.rl.sft import SFTConfig, sft
-    from minite.rl.task import TaskConfig, generate, save_jsonl
-
-    task = from_dict(TaskConfig, sec.get("task") or {}, where="prepare.task")
-    sft_cfg = from_dict(SFTConfig, sec.get("sft") or {}, where="prepare.sft")
-    train, ev = generate(task)
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    save_jsonl(train, out / "data" / "train.jsonl")
-    save_jsonl(ev, out / "data" / "eval.jsonl")
-    tok = build_tokenizer()
-    model = build_tiny_model(build_tiny_config(**(sec.get("model") or {})), seed=task.seed)
-    stats = sft(model, tok, train, sft_cfg)
-    save_model(model.cpu(), tok, out / "base_model")
-    stats.pop("losses", None)
-    return {"kind": "tiny", "n_train": len(train), "n_eval": len(ev), "sft": stats}
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,35 +83,33 @@ def main(argv: list[str]) -> int:
         if not isinstance(sec, dict):
             raise ConfigError(f"{args.profile}: no `prepare:` section")
         kind = sec.get("kind", "tiny")
+        from minite.rl import prepare as P
+
         # everything is checked before --out is created: a bad input writes nothing
         if kind == "local":
-            check_local(sec)
+            P.check_local(sec, cfg)
+        elif kind == "qwen3":
+            P.check_qwen3(sec)
         elif kind == "tiny":
             check_tiny(sec)
         else:
-            raise ConfigError(f"prepare.kind {kind!r}: use 'tiny' or 'local'")
+            raise ConfigError(f"prepare.kind {kind!r}: use 'tiny' or 'local' (or 'qwen3')")
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         if kind == "local":
-            metrics = prepare_local(sec, out)
-        elif kind == "tiny":
-            try:
-                from minite.rl.prepare import prepare_tiny
-            except ImportError:
-                metrics = prepare_tiny_inline(sec, out)
-            else:
-                from minite.rl.sft import SFTConfig
-                from minite.rl.task import TaskConfig
+            metrics = P.prepare_local(out, sec, cfg)
+        elif kind == "qwen3":
+            metrics = P.prepare_qwen3(out, sec, cfg)
+        else:
+            from minite.rl.sft import SFTConfig
+            from minite.rl.task import TaskConfig
 
-                metrics = prepare_tiny(
-                    out,
-                    from_dict(TaskConfig, sec.get("task") or {}, where="prepare.task"),
-                    sec.get("model") or {},
-                    from_dict(SFTConfig, sec.get("sft") or {}, where="prepare.sft"),
-                )
-                if (out / "prepare_metrics.json").is_file():
-                    metrics = json.loads((out / "prepare_metrics.json").read_text())
+            metrics = P.prepare_tiny(
+                out,
+                from_dict(TaskConfig, sec.get("task") or {}, where="prepare.task"),
+                sec.get("model") or {},
+                from_dict(SFTConfig, sec.get("sft") or {}, where="prepare.sft"),
+            )
         metrics = dict(metrics or {})
         metrics.setdefault("wall_s", time.perf_counter() - t0)
         (out / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")

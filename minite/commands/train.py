@@ -64,7 +64,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="also measure the greedy eval accuracy of the starting weights (summary: eval_accuracy_initial)",
     )
-    p.add_argument("--mlflow-experiment", help="log the run to MLflow under this experiment")
+    p.add_argument(
+        "--mlflow-experiment",
+        help="log the run to MLflow under this experiment, live (MLFLOW_TRACKING_URI: where; with --resume "
+        "the same MLflow run continues)",
+    )
     p.add_argument("--mlflow-run-name")
     add_set_arg(p)
     args = p.parse_args(argv)
@@ -75,17 +79,30 @@ def main(argv: list[str]) -> int:
         cfg = build_config(args)
         if args.time_limit is not None and not args.time_limit > 0:
             raise ConfigError(f"--time-limit must be a number of seconds > 0, got {args.time_limit}")
-        summary = train(
-            cfg,
+        kw = dict(
             resume=args.resume,
             progress=not args.no_progress,
             time_limit_s=args.time_limit,
             eval_at_start=args.eval_at_start,
         )
-        if args.mlflow_experiment:
-            from minite.tracking import log_run_dir
+        if not args.mlflow_experiment:
+            summary = train(cfg, **kw)
+        else:
+            from minite.configuration import to_dict
+            from minite.tracking import write_run_ref
+            from minite.tracking_rl import finish_rl_run, rl_run
 
-            log_run_dir(Path(cfg.out_dir), experiment=args.mlflow_experiment, run_name=args.mlflow_run_name)
+            # the run is RUNNING from here; each metrics row goes to MLflow as the loop writes it
+            with rl_run(
+                to_dict(cfg),
+                experiment=args.mlflow_experiment,
+                verb="minite train",
+                run_name=args.mlflow_run_name,
+                resume=args.resume,
+            ) as run:
+                summary = train(cfg, log_fn=run.log_step, **kw)
+                finish_rl_run(run, cfg.out_dir)
+            write_run_ref(Path(cfg.out_dir) / "mlflow_run.json", run.ref())
         print(
             f"minite train: {cfg.recipe} seed {cfg.seed}: reward {summary['reward_first']:.3f} -> "
             f"{summary['reward_last']:.3f}, mean |Δlogp| {summary['logp_abs_diff_mean_avg']:.3e}"

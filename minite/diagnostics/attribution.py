@@ -11,8 +11,9 @@ sampler checkpoint in vLLM arithmetic); of a bf16 recipe, `bf16` (each engine's 
                   (batch-invariant) instead of a per-tensor one
     layer_set     the sampler keeps the trainer's bf16 blocks and quantized-module set
     non_gemm      router + norm: fp32 router/softmax/top-k with a deterministic tie-break, fp32 RMSNorm
-    rope_attn     RoPE + attention core: fp32 rotary embedding (one rounding) and a float64 attention
-                  core (one rounding) in both engines instead of each engine's own kernels
+    rope_attn     RoPE + attention core: fp32 rotary embedding (one rounding) and the fixed-order
+                  attention core (minite.nn.attention_fixed: fp32 kernels on CUDA, float64 on CPU) in both
+                  engines instead of each engine's own kernels
     kernel_arith  the sampler's quantizers use the trainer's arithmetic flavor, and both engines run
                   one GEMM path (`NumericsSpec.gemm`, summation order; it matters on CUDA only)
 
@@ -85,7 +86,7 @@ def _non_gemm(r: Recipe) -> Recipe:
 
 def _rope_attn(r: Recipe) -> Recipe:
     def on(s: NumericsSpec) -> NumericsSpec:
-        return replace(s, rope="fp32", attention="fp64")
+        return replace(s, rope="fp32", attention="fixed")
 
     return replace(r, trainer=on(r.trainer), sampler=on(r.sampler))
 
@@ -117,9 +118,7 @@ COMPONENTS: dict[str, Component] = {
     ),
     "layer_set": Component(_layer_set, True, "layer set: the sampler keeps the trainer's bf16 blocks"),
     "non_gemm": Component(_non_gemm, False, "router + norm: fp32 router/top-k (stable ties), fp32 RMSNorm"),
-    "rope_attn": Component(
-        _rope_attn, False, "RoPE fp32 + attention core (float64, one rounding) in both engines"
-    ),
+    "rope_attn": Component(_rope_attn, False, "RoPE fp32 + the fixed-order attention core in both engines"),
     "kernel_arith": Component(
         _kernel_arith, True, "kernel arithmetic: trainer's quantizer flavor in the sampler, one GEMM path"
     ),

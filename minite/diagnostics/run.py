@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from minite.diagnostics.quant_stats import summarize_weight_stats, weight_stats
 from minite.engines.base import Completion, SamplingParams
 from minite.engines.trainer import TokenBatch
 from minite.recipes import Recipe
+from minite.rl.prompts import PromptConfig
+from minite.rl.rewards import RewardConfig
 
 
 @dataclass(frozen=True)
@@ -54,15 +56,21 @@ class DiagnoseConfig:
     trace_sequences: int = 64  # the first N sampled sequences go through the layer trace
     attribution: bool = True
     attribution_engine: str | None = None  # builtin | vllm; None: `engine`
+    # the run's prompt rendering and reward (minite.rl.loop.TrainConfig.prompt / .reward)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    gpu_memory_utilization: float | None = None  # vLLM's share; None: derived (engines.vllm.memory)
 
 
-def _sample(sampler, prompts: list[list[int]], cfg: DiagnoseConfig, eos: int) -> list[Completion]:
+def _sample(
+    sampler, prompts: list[list[int]], cfg: DiagnoseConfig, stops: tuple[int, ...]
+) -> list[Completion]:
     params = SamplingParams(
         n=cfg.samples_per_prompt,
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
         seed=cfg.seed,
-        stop_token_ids=(eos,),
+        stop_token_ids=stops,
     )
     return [c for g in sampler.generate(prompts, params) for c in g]
 
@@ -80,10 +88,10 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
     this recipe (weights are synced here), else one is built (and closed) for `cfg.engine`."""
     from transformers import AutoTokenizer
 
-    from minite.models.tokenizer import encode_prompt
     from minite.recipes import get_recipe
-    from minite.rl.formats import score
-    from minite.rl.task import load_jsonl
+    from minite.rl.data import read_examples
+    from minite.rl.prompts import encode_prompt, stop_token_ids
+    from minite.rl.rewards import completion_text, score_completions
     from minite.runs import build_sampler, load_trainer, sync
 
     recipe = recipe or get_recipe(cfg.recipe)
@@ -109,16 +117,25 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
             seed=cfg.seed,
             max_model_len=cfg.max_model_len,
             workdir=workdir.name,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
         )
     try:
         sync(sampler, policy, recipe)
-        examples = load_jsonl(Path(cfg.data_dir) / "eval.jsonl")[: cfg.n_prompts]
-        prompts = [encode_prompt(tok, e.prompt) for e in examples]
-        comps = _sample(sampler, prompts, cfg, tok.eos_token_id)
-        rewards = [
-            score(e, tok.decode(c.token_ids))
-            for e, c in zip([e for e in examples for _ in range(cfg.samples_per_prompt)], comps, strict=True)
-        ]
+        examples = read_examples(Path(cfg.data_dir) / "eval.jsonl")[: cfg.n_prompts]
+        prompts = [encode_prompt(tok, e, cfg.prompt) for e in examples]
+        comps = _sample(sampler, prompts, cfg, stop_token_ids(tok, cfg.model_dir))
+        rows = [e for e in examples for _ in range(cfg.samples_per_prompt)]
+        _, rewards, _ = score_completions(
+            cfg.reward,
+            [
+                completion_text(tok, c.token_ids, cfg.reward.reward_of(e.data_source))
+                for c, e in zip(comps, rows, strict=True)
+            ],
+            [e.answer for e in rows],
+            [e.data_source for e in rows],
+            [len(c.token_ids) for c in comps],
+            cfg.max_new_tokens,
+        )
         batch = TokenBatch.from_completions(comps, tok.pad_token_id)
         lp_t = trainer.recompute_logprobs(batch)
         gap = mismatch_metrics(lp_t, batch.sampler_logp, batch.mask)

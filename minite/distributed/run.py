@@ -38,13 +38,15 @@ in its own process (no extra processes, weight updates by reference) with
 replica r, and there are world/tp replicas (`rl.sampler.data_parallel_size`, if set, must equal
 that). Each replica samples and evaluates its contiguous slice of the prompts. The engines' memory:
 `rl.sampler.gpu_memory_utilization` (vLLM's: the fraction of the GPU, or on CPU of the node's memory,
-per engine); unset, 0.3 on a GPU shared with the learner, 0.5 / local ranks on CPU
-(VLLM_CPU_KVCACHE_SPACE, if set, wins there).
+per engine); unset, minite.engines.vllm.memory derives it from the device and the engines sharing it
+(`memory_kwargs`: a GPU per rank beside its learner shard; on CPU the node's local ranks, times the
+engine jobs at once), and VLLM_CPU_KVCACHE_SPACE, if set, wins on CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -126,17 +128,21 @@ def split(n: int, parts: int, part: int) -> slice:
 RETIRED_MEMORY_ENV = "MINITE_VLLM_MEMORY_FRACTION"
 
 
-def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, float]:
-    """vLLM's gpu_memory_utilization for one of `local_world` engines on a node: the config's
-    `rl.sampler.gpu_memory_utilization`, else 0.3 of a GPU (shared with the learner), else on CPU
-    nothing when VLLM_CPU_KVCACHE_SPACE is set (it wins there) or 0.5 / local_world of the memory."""
+def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, Any]:
+    """How one rank's engine sizes its memory (minite.engines.vllm.memory): the config's
+    `rl.sampler.gpu_memory_utilization` when set, else from the engines that share its device: one
+    per GPU (each rank has its own), `local_world` on a CPU node, times the engine jobs that run at
+    once (MINITE_VLLM_ENGINES); every engine sits beside its rank's learner shard."""
+    from minite.engines.vllm.memory import engines_at_once
+
+    cuda = torch.cuda.is_available()
+    out: dict[str, Any] = {
+        "learner_on_device": cuda,
+        "engines": (1 if cuda else local_world) * engines_at_once(),
+    }
     if sampler_cfg.gpu_memory_utilization is not None:
-        return {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}
-    if torch.cuda.is_available():
-        return {"gpu_memory_utilization": 0.3}
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return {}
-    return {"gpu_memory_utilization": 0.5 / local_world}
+        out["gpu_memory_utilization"] = sampler_cfg.gpu_memory_utilization
+    return out
 
 
 def make_colocated_vllm(cfg, recipe, rank: int, world: int):
@@ -235,6 +241,7 @@ def train_distributed(
     from minite.faultinject import maybe_kill
     from minite.nn.swap import apply_numerics, set_compute_dtype
     from minite.recipes import get_recipe
+    from minite.rl.data import read_examples
     from minite.rl.grpo import group_advantages
     from minite.rl.loop import (
         SHARDED_CHECKPOINT,
@@ -247,7 +254,6 @@ def train_distributed(
         step_prompts,
         summarize_metrics,
     )
-    from minite.rl.task import load_jsonl
 
     rank, world, device = init_distributed()
     colocated = cfg.sampler.engine == "vllm"  # every rank runs a vLLM engine (module docstring)
@@ -336,16 +342,16 @@ def train_distributed(
         if not colocated:
             if rank != 0:
                 return None
-            return evaluate_accuracy(sampler, tokenizer, examples, cfg.eval.max_new_tokens)
+            return evaluate_accuracy(cfg, sampler, tokenizer, examples)
         part = examples[split(len(examples), replicas, replica)]
-        hits = round(evaluate_accuracy(sampler, tokenizer, part, cfg.eval.max_new_tokens) * len(part))
+        hits = round(evaluate_accuracy(cfg, sampler, tokenizer, part) * len(part))
         counts = [None] * world if rank == 0 else None
         dist.gather_object(hits if rank % tp == 0 else 0, counts, dst=0)
         return sum(counts) / max(1, len(examples)) if rank == 0 else None
 
     sync_weights(start)
-    train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")
-    eval_set = load_jsonl(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
+    train_set = read_examples(Path(cfg.data_dir) / "train.jsonl")
+    eval_set = read_examples(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
     group = cfg.grpo.group_size
     mine = shard_rows(rows, rank, world)
     bar = tqdm(
@@ -359,12 +365,12 @@ def train_distributed(
         for step in bar:
             t0 = time.perf_counter()
             trainer.seeds.set_step(step)
-            payload = None
+            payload, reward_stats = None, {}
             exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)  # the same on every rank
             groups = sample(prompts, params)
             if rank == 0:
                 completions = [c for g in groups for c in g]
-                rewards = group_rewards(tokenizer, groups, exs)
+                rewards, reward_stats = group_rewards(cfg, tokenizer, groups, exs)
                 payload = (TokenBatch.from_completions(completions, tokenizer.pad_token_id), rewards)
             batch, rewards = _broadcast(payload)
             t_roll = time.perf_counter()
@@ -408,6 +414,7 @@ def train_distributed(
                     "time/rollout_s": t_roll - t0,
                     "time/learner_s": t_learn - t_roll,
                     "time/step_s": time.perf_counter() - t0,
+                    **reward_stats,
                     **{f"mismatch/{k}": v for k, v in gap.items()},
                     **{f"train/{k}": v for k, v in stats.items()},
                 }
@@ -464,19 +471,37 @@ def main(argv: list[str] | None = None) -> int:
 
     def go() -> int:
         cfg = build_config(args)
+        log = bool(args.mlflow_experiment) and os.environ.get("RANK", "0") == "0"  # rank 0 logs
         try:
-            summary = train_distributed(
-                cfg,
-                resume=args.resume,
-                progress=not args.no_progress,
-                activation_checkpointing=args.activation_checkpointing,
-            )
-            if summary is not None and args.mlflow_experiment:
-                from minite.tracking import log_run_dir
+            run_cm = contextlib.nullcontext()
+            if log:
+                from minite.tracking_rl import rl_run
 
-                log_run_dir(
-                    Path(cfg.out_dir), experiment=args.mlflow_experiment, run_name=args.mlflow_run_name
+                # RUNNING from the start; the rows rank 0 writes are followed into MLflow as they land
+                run_cm = rl_run(
+                    to_dict(cfg),
+                    experiment=args.mlflow_experiment,
+                    verb="minite train-dist",
+                    run_name=args.mlflow_run_name,
+                    resume=args.resume,
                 )
+            with run_cm as run:
+                from minite.tracking_rl import MetricsFollower, finish_rl_run
+
+                follow = MetricsFollower(run, Path(cfg.out_dir) / "metrics.jsonl") if run else None
+                with follow or contextlib.nullcontext():
+                    summary = train_distributed(
+                        cfg,
+                        resume=args.resume,
+                        progress=not args.no_progress,
+                        activation_checkpointing=args.activation_checkpointing,
+                    )
+                if run is not None and summary is not None:
+                    finish_rl_run(run, cfg.out_dir)
+            if run is not None:
+                from minite.tracking import write_run_ref
+
+                write_run_ref(Path(cfg.out_dir) / "mlflow_run.json", run.ref())
             if summary is not None:
                 print(
                     f"minite train-dist ×{summary['world_size']}: {cfg.recipe} seed {cfg.seed}: reward "

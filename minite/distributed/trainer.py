@@ -104,7 +104,7 @@ class DistributedTrainer(Trainer):
         # float32 here means "call the model as is": FSDP's mixed precision already runs the forward on
         # bf16 weights (the single-process trainer makes the same copies with functional_call)
         with amax_sync(self.amax_group):
-            return sequence_logprobs(self.model, batch, torch.float32)
+            return sequence_logprobs(self.model, batch, torch.float32, self.optim_cfg.logprob_chunk)
 
     def _check_activations(self, batch: TokenBatch, logp: torch.Tensor, tensor: str) -> None:
         bad = not bool(torch.isfinite(logp[batch.mask]).all())

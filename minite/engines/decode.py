@@ -9,7 +9,9 @@ Layout: prompts right-aligned (left padding) in slots [0, P); generated token t 
 Positions count real prompt tokens only (position of a row's first generated token = its prompt
 length), as `minite.engines.sampler` does on CPU and the trainer does on right-padded sequences, so
 every engine gives a token the same position. Pad slots are hidden from every real query; a pad query
-attends to its own slot only (finite values, never read back).
+attends to its own slot only (finite values, never read back). The cache also hands each row's window to
+attention="fixed" (`StaticKVCache.attention_window`: first real slot, first query slot), whose kernels
+need no mask; there a pad query sees nothing and gives 0.
 
 A graph reads the weights at the addresses it was captured with: whoever replaces weight tensors (a
 `WeightUpdate` with NVFP4 bytes) must drop the graph (`release_graph`), and the next step captures it
@@ -41,6 +43,12 @@ class StaticKVCache(Cache):
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.write_pos = torch.zeros((), dtype=torch.long, device=device)
+        # the attention window of each row (attention="fixed", minite.nn.attention_fixed): its first real
+        # key slot (the left padding) and the slot of this step's first query (write_pos; an int while it
+        # is known on the host, a device tensor in the captured decode step)
+        self.kv_start = torch.zeros((batch,), dtype=torch.int32, device=device)
+        self.q_start = torch.zeros((batch,), dtype=torch.int32, device=device)
+        self.q_start_host: int | None = 0
         self.seen = 0
         self._idx: torch.Tensor | None = None
 
@@ -67,6 +75,20 @@ class StaticKVCache(Cache):
         if layer_idx == 0:
             self._idx = None  # a later layer that calls `update` computes this step's slots afresh
         return k, v, self.write_pos
+
+    def set_window(self, write_pos: int, kv_start: torch.Tensor | None = None, host: bool = False) -> None:
+        """This step's slots: queries from `write_pos` on; `kv_start` (B,) the rows' first real slots (set
+        at the prefill; None keeps them). host: the attention may read write_pos as a host int (not in a
+        step a CUDA graph replays)."""
+        self.write_pos.fill_(write_pos)
+        self.q_start.fill_(write_pos)
+        self.q_start_host = int(write_pos) if host else None
+        if kv_start is not None:
+            self.kv_start.copy_(kv_start)
+
+    def attention_window(self) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """(kv_start (B,), q_start): every row's query l sees the slots [kv_start, q_start + l]."""
+        return self.kv_start, self.q_start if self.q_start_host is None else self.q_start_host
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
@@ -121,7 +143,6 @@ class Decoder:
         b, p = prompt.shape
         if p > self.max_len:
             raise ValueError(f"Decoder: prompt width {p} exceeds the cache's {self.max_len} slots")
-        self.kv.write_pos.fill_(0)
         self.mask.zero_()
         j = torch.arange(self.max_len, device=self.device)
         i = torch.arange(p, device=self.device)
@@ -130,8 +151,11 @@ class Decoder:
             keep = causal.expand(b, 1, p, -1)
             pos = i.expand(b, -1)
             self.mask[..., :p] = True
+            self.kv.set_window(0, torch.zeros(b, dtype=torch.int32, device=self.device), host=True)
         else:
             real = real.to(device=self.device, dtype=torch.bool)
+            # right-aligned prompts: a row's first real slot is its number of padding slots
+            self.kv.set_window(0, (~real).sum(-1).to(torch.int32), host=True)
             key_real = F.pad(real, (0, self.max_len - p))  # (B, S)
             own = j[None, :] == i[:, None]  # a pad query sees its own slot only
             keep = (causal[None] & (key_real[:, None, :] | own[None]))[:, None]  # (B, 1, P, S)
@@ -197,7 +221,7 @@ class Decoder:
             self.pos.fill_(position)
         else:
             self.pos.copy_(positions[:, None])
-        self.kv.write_pos.fill_(position)
+        self.kv.set_window(position)
         self.mask[..., position] = True
 
     @torch.no_grad()

@@ -7,6 +7,19 @@ would keep an fp32 residual stream and fp32 norm weights that no sampler has: a 
 own.) The casts are differentiable, so gradients land on the fp32 masters. Log-probs come from an
 fp32 log-softmax of the logits.
 
+Vocabulary: Qwen3's lm_head has 151,936 rows, so the logits of a whole batch ([tokens, vocab], fp32 for
+the log-softmax) would dwarf everything else (8,192 completion tokens: 5 GB). The lm_head, the fp32
+cast and the log-softmax therefore run on `OptimConfig.logprob_chunk` completion tokens at a time,
+inside the model's forward (the lm_head's forward is swapped for the call, so FSDP's root unit still
+gathers its weight); only the positions that predict completion tokens go through the lm_head at all.
+The backward (`_CompletionLogprobs`) recomputes each chunk's logits, so at most one chunk's [chunk,
+vocab] tensors exist, forward or backward, and sums the lm_head's weight gradient over the chunks in
+fp32, rounded once at the end as the unchunked GEMM rounds it (summing bf16 chunk gradients would
+round once per chunk). The per-token arithmetic is the unchunked one (the same GEMM row, cast,
+log-softmax and its backward), which `sequence_logprobs(..., chunk_tokens=None)` keeps as the
+reference: log-probs and the hidden-state gradients are bit-identical to it in bf16, the weight
+gradient equal up to the order of its fp32 sums.
+
 Device: `Trainer(..., device=...)` moves the model (fp32 masters) there before the optimizer is built,
 so the bf16 copies, the AdamW state and the gradients live there too; batches go there with
 `TokenBatch.to`. Stochastic rounding on CUDA draws from the Triton Philox stream seeded like the CPU
@@ -15,9 +28,11 @@ generators (minite.nn.functional.SeedSource, minite.numerics.dispatch).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minite.engines.base import Completion
@@ -34,6 +49,8 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     compute_dtype: str = "bfloat16"  # or "float32"
+    # completion tokens per lm_head + log-softmax chunk (module docstring); None: all at once
+    logprob_chunk: int | None = 1024
 
     def __post_init__(self) -> None:
         if not 0 < self.lr < float("inf"):  # NaN fails every comparison
@@ -42,6 +59,8 @@ class OptimConfig:
             raise ValueError(
                 f"OptimConfig.compute_dtype must be 'bfloat16' or 'float32', got {self.compute_dtype!r}"
             )
+        if self.logprob_chunk is not None and self.logprob_chunk < 1:
+            raise ValueError(f"OptimConfig.logprob_chunk must be >= 1 (or null), got {self.logprob_chunk}")
 
 
 @dataclass
@@ -101,19 +120,97 @@ def forward(model: nn.Module, dtype: torch.dtype = torch.bfloat16, **inputs) -> 
     return torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False).logits
 
 
-def sequence_logprobs(
-    model: nn.Module, batch: TokenBatch, dtype: torch.dtype = torch.bfloat16
+def _token_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
 ) -> torch.Tensor:
-    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward."""
+    """(N,) fp32 log-prob of `targets` (N,) given hidden states (N, H): lm_head, fp32 log-softmax."""
+    logits = F.linear(hidden, weight, bias).float()  # (N, V)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+class _CompletionLogprobs(torch.autograd.Function):
+    """(N,) fp32 log-probs of `targets` given rows (N, H) and the lm_head, `chunk` rows at a time;
+    the backward recomputes each chunk (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias, targets, chunk: int):
+        out = torch.cat(
+            [
+                _token_logprobs(rows[i : i + chunk], weight, bias, targets[i : i + chunk])
+                for i in range(0, rows.shape[0], chunk)
+            ]
+        )
+        ctx.save_for_backward(rows, weight, bias, targets)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weight, bias, targets = ctx.saved_tensors
+        need_rows, need_w, need_b = ctx.needs_input_grad[:3]
+        d_rows = torch.empty_like(rows) if need_rows else None
+        d_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        d_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for i in range(0, rows.shape[0], ctx.chunk):
+            r, t, g = rows[i : i + ctx.chunk], targets[i : i + ctx.chunk], grad[i : i + ctx.chunk]
+            logits = F.linear(r, weight, bias)
+            logp = torch.log_softmax(logits.float(), dim=-1)  # (c, V)
+            grad_logp = torch.zeros_like(logp).scatter_(1, t[:, None], g[:, None].to(logp.dtype))
+            grad_logits = torch._log_softmax_backward_data(grad_logp, logp, -1, torch.float32).to(
+                logits.dtype
+            )
+            del logp, grad_logp
+            if need_rows:
+                d_rows[i : i + ctx.chunk] = grad_logits @ weight  # F.linear's input gradient
+            if need_w:
+                d_w += grad_logits.float().T @ r.float()  # exact products of the bf16 values, fp32 sums
+            if need_b:
+                d_b += grad_logits.float().sum(0)
+        d_w = d_w.to(weight.dtype) if need_w else None
+        d_b = d_b.to(bias.dtype) if need_b else None
+        return d_rows, d_w, d_b, None, None
+
+
+@contextlib.contextmanager
+def _logprob_head(head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tensor, chunk: int):
+    """For one call of the model: its lm_head maps the final hidden states (B, L, H) to the (B, T)
+    log-probs of `targets` at `pred_index`, `chunk` tokens at a time (module docstring)."""
+
+    def completion_logprobs(hidden: torch.Tensor) -> torch.Tensor:
+        b, t = targets.shape
+        idx = pred_index[..., None].expand(-1, -1, hidden.shape[-1])
+        rows = hidden.gather(1, idx).reshape(b * t, -1)  # (B*T, H)
+        flat = targets.reshape(-1)
+        # head.weight here is what the call runs on (functional_call's bf16 copy, FSDP's gathered one)
+        return _CompletionLogprobs.apply(rows, head.weight, head.bias, flat, chunk).view(b, t)
+
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"chunked log-probs need an nn.Linear lm_head, got {type(head).__name__}")
+    head.forward = completion_logprobs  # this instance, this call only
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    batch: TokenBatch,
+    dtype: torch.dtype = torch.bfloat16,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward. `chunk_tokens`: the
+    lm_head and log-softmax in chunks of that many completion tokens (module docstring); None: the
+    model's logits at every position, then gathered (the reference: a (B, L, V) tensor)."""
     pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = forward(
-        model,
-        dtype,
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=pos,
-        use_cache=False,
+    inputs = dict(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False
     )
+    if chunk_tokens is not None:
+        with _logprob_head(model.get_output_embeddings(), batch.pred_index, batch.targets, chunk_tokens):
+            logp = forward(model, dtype, **inputs)  # the head's output: (B, T) log-probs
+        return torch.where(batch.mask, logp, torch.zeros_like(logp))
+    logits = forward(model, dtype, **inputs)
     idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
     picked = logits.gather(1, idx).float()  # (B, T, V)
     logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
@@ -154,7 +251,7 @@ class Trainer:
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics."""
-        return sequence_logprobs(self.model, batch, self.dtype)
+        return sequence_logprobs(self.model, batch, self.dtype, self.optim_cfg.logprob_chunk)
 
     @property
     def device(self) -> torch.device:

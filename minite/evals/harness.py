@@ -5,6 +5,17 @@ overrides}. The task's own YAML (lm-eval's, or ours in minite/evals/tasks/) is l
 dataset is pointed at local files, so nothing is downloaded: `HF_HUB_OFFLINE=1` and
 `HF_DATASETS_OFFLINE=1` are set before lm-eval or datasets are imported. `tiny_arith` and
 `tiny_scratchpad` read `<data_dir>/eval.jsonl` (the prepare stage's held-out split).
+
+lm-eval's own math tasks run unchanged but for their data: `minerva_math500` (its MATH-500 YAML, which
+includes minerva_math_algebra's 4-shot prompt, `process_docs`, and exact_match + math_verify
+metrics), `aime24` and `aime25` (exact match of the boxed or $-delimited answer), each pointed at a
+local file in the dataset's own schema (MATH-500: problem / solution / answer; AIME 2024: Problem /
+Answer; AIME 2025: problem / answer) for the split the YAML reads (aime24: train, the others: test).
+minerva_math's utils need math-verify and antlr4-python3-runtime 4.11 (pyproject.toml).
+
+`chat_template=True` runs lm-eval with `apply_chat_template` (the `minite` model renders the task's
+messages with the checkpoint's template; `fewshot_as_multiturn` makes few-shot examples turns of the
+conversation) and an optional `system_instruction`.
 """
 
 from __future__ import annotations
@@ -79,6 +90,13 @@ def task_configs(
     return out
 
 
+def _context(sample: dict[str, Any]) -> str | None:
+    """The prompt text lm-eval sent for a logged sample (its first request's context)."""
+    args = sample.get("arguments") or []
+    first = args[0] if args else None
+    return first[0] if isinstance(first, list | tuple) and first and isinstance(first[0], str) else None
+
+
 def _summarize(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """{task: {metric: value, metric_stderr: value}} from lm-eval's "results" block."""
     summary: dict[str, dict[str, float]] = {}
@@ -101,6 +119,10 @@ def run_lm_eval(
     limit: int | None = None,
     batch_size: int = 64,
     seed: int = 0,
+    chat_template: bool = False,
+    fewshot_as_multiturn: bool = True,
+    system_instruction: str | None = None,
+    gen_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate the `minite` model; returns {tasks: summary, samples: first predictions, lm_eval: meta}."""
     set_offline()
@@ -113,7 +135,7 @@ def run_lm_eval(
     cfgs = task_configs(tasks, data_dir, tm)
     res = simple_evaluate(
         model="minite",
-        model_args={**model_args, "seed": seed},
+        model_args={**model_args, "seed": seed, "chat": chat_template},
         tasks=cfgs,
         limit=limit,
         batch_size=batch_size,
@@ -124,6 +146,10 @@ def run_lm_eval(
         torch_random_seed=seed,
         fewshot_random_seed=seed,
         task_manager=tm,
+        apply_chat_template=chat_template,
+        fewshot_as_multiturn=fewshot_as_multiturn and chat_template,
+        system_instruction=system_instruction,
+        gen_kwargs=gen_kwargs,
     )
     if res is None:  # non-zero rank in a distributed run
         return {}
@@ -132,9 +158,10 @@ def run_lm_eval(
         samples[task] = [
             {
                 "doc": s.get("doc"),
+                "prompt": _context(s),
                 "target": s.get("target"),
                 "response": (s.get("filtered_resps") or [None])[0],
-                **{k: s[k] for k in ("exact_match",) if k in s},
+                **{k: s[k] for k in ("exact_match", "math_verify") if k in s},
             }
             for s in items[:SAMPLES_KEPT]
         ]
@@ -143,5 +170,12 @@ def run_lm_eval(
         "tasks": _summarize(res),
         "n_samples": n,
         "samples": samples,
-        "lm_eval": {"version": getattr(lm_eval, "__version__", "unknown"), "limit": limit},
+        "lm_eval": {
+            "version": getattr(lm_eval, "__version__", "unknown"),
+            "limit": limit,
+            "chat_template": chat_template,
+            "fewshot_as_multiturn": fewshot_as_multiturn and chat_template,
+            "system_instruction": system_instruction,
+            "gen_kwargs": gen_kwargs,
+        },
     }

@@ -12,7 +12,18 @@ it*.
 
 model_args: run (RL output folder; omit to evaluate the base model), model_dir (base model: config
 and tokenizer), recipe (default: the run's; "bf16" for the base model), engine (builtin|vllm, default
-the run's sampler engine), dtype, seed, max_model_len, max_gen_toks (default cap), batch_size.
+the run's sampler engine), dtype, seed, max_model_len, max_gen_toks (default cap), batch_size, chat
+(render prompts with the tokenizer's chat template; default: the run's rl.prompt.format is chat),
+enable_thinking (passed to the template; default the run's rl.prompt.enable_thinking),
+gpu_memory_utilization (vLLM's share; default the run's rl.sampler.gpu_memory_utilization, else
+derived from the machine: minite.engines.vllm.memory).
+
+Chat: lm-eval calls `apply_chat_template` with the task's messages (its prompt, few-shot turns with
+`fewshot_as_multiturn`, a system instruction) when `simple_evaluate(apply_chat_template=True)`; the
+model renders them with the checkpoint's own template, `add_generation_prompt=True`, and encodes the
+text without adding special tokens again, exactly as the RL loop renders its prompts
+(minite.rl.prompts). Generation stops at EOS and the template's end-of-turn token (<|im_end|>) in
+either engine, then at the task's `until` strings in the decoded text (special tokens skipped).
 
 Only `generate_until` is implemented (greedy unless a task asks for sampling): the tasks miniTE
 evaluates (tiny arithmetic, AIME, MATH-500) are generative and exact-match scored.
@@ -27,10 +38,22 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from minite.engines.base import SamplingParams
+from minite.rl.prompts import check_chat_template, stop_token_ids
 
 
 def _int(v: Any, default: int) -> int:
     return default if v in (None, "", "auto") else int(v)
+
+
+def _flag(v: Any) -> bool | None:
+    """A model_args boolean (lm-eval passes strings from the command line)."""
+    if v is None or v == "":
+        return None
+    if isinstance(v, str):
+        if v.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"minite lm-eval model: expected true or false, got {v!r}")
+        return v.lower() in ("true", "1")
+    return bool(v)
 
 
 @register_model("minite")
@@ -48,6 +71,9 @@ class MiniteLM(LM):
         batch_size: int | str | None = 64,
         max_batch_size: int | None = None,
         device: str | None = None,
+        chat: bool | str | None = None,
+        enable_thinking: bool | str | None = None,
+        gpu_memory_utilization: float | str | None = None,
         **_: Any,
     ) -> None:
         super().__init__()
@@ -68,6 +94,16 @@ class MiniteLM(LM):
         self.batch_size_ = _int(batch_size, 64)
         self.max_model_len = _int(max_model_len, sampler_cfg.get("max_model_len", 256))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        prompt = run_cfg.get("prompt") or {}
+        self.chat = _flag(chat)
+        if self.chat is None:
+            self.chat = prompt.get("format") == "chat"
+        self.enable_thinking = _flag(enable_thinking)
+        if self.enable_thinking is None:
+            self.enable_thinking = prompt.get("enable_thinking")
+        if self.chat:
+            check_chat_template(self.tokenizer, f"model_dir {model_dir}")
+        self.stop_ids = stop_token_ids(self.tokenizer, model_dir)
         checkpoint = run_checkpoint(run) if run else None
         policy = load_policy(model_dir, self.recipe, checkpoint, seed=self.seed)
         self.sampler = build_sampler(
@@ -79,6 +115,11 @@ class MiniteLM(LM):
             seed=self.seed,
             max_model_len=self.max_model_len,
             workdir=Path(run) / "eval_sampler" if run else None,
+            gpu_memory_utilization=(
+                float(gpu_memory_utilization)
+                if gpu_memory_utilization not in (None, "")
+                else sampler_cfg.get("gpu_memory_utilization")
+            ),
         )
         sync(self.sampler, policy, self.recipe)
         del policy
@@ -89,6 +130,24 @@ class MiniteLM(LM):
     @property
     def tokenizer_name(self) -> str:
         return self.model_dir
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.tokenizer.chat_template if self.chat else ""
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """The task's messages as the checkpoint's chat template renders them (module docstring)."""
+        if not self.chat:
+            raise ValueError(
+                "lm-eval asked for the chat template but the minite model runs with chat=false; pass "
+                "model_args chat=true (minite eval --chat-template), or run lm-eval without "
+                "apply_chat_template"
+            )
+        extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or task-requested sampled) generation with the recipe's sampler engine."""
@@ -102,7 +161,6 @@ class MiniteLM(LM):
                 tuple(gen.get("until", []) or []),
             )
             groups.setdefault(key, []).append(i)
-        eos = self.tokenizer.eos_token_id
         for (max_toks, temp, until), idx in groups.items():
             for start in range(0, len(idx), self.batch_size_):
                 chunk = idx[start : start + self.batch_size_]
@@ -118,7 +176,7 @@ class MiniteLM(LM):
                     max_new_tokens=min(max_toks, room),
                     temperature=temp,
                     seed=self.seed,
-                    stop_token_ids=(eos,) if eos is not None else (),
+                    stop_token_ids=self.stop_ids,
                 )
                 groups_out = self.sampler.generate(prompts, params)
                 for i, g in zip(chunk, groups_out, strict=True):
@@ -131,7 +189,8 @@ class MiniteLM(LM):
         return [o if o is not None else "" for o in out]
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        # a rendered chat prompt already holds the template's special tokens
+        return list(self.tokenizer(text, add_special_tokens=not self.chat)["input_ids"])
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError(

@@ -1,6 +1,8 @@
 """Quantized layers and the module swap onto transformers' Qwen3-MoE."""
 
-from minite.nn.attention import AlignedAttention, RopeTable, apply_rope_fp32, attention_fp64
+from minite.nn.attention import AlignedAttention, RopeTable, apply_rope_fp32
+from minite.nn.attention_fixed import fixed_attention
+from minite.nn.attention_fp64 import attention_fp64
 from minite.nn.functional import LinearNumerics, SeedSource, qmm, quant_linear
 from minite.nn.linear import QuantLinear
 from minite.nn.moe import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
@@ -19,6 +21,7 @@ __all__ = [
     "apply_numerics",
     "apply_rope_fp32",
     "attention_fp64",
+    "fixed_attention",
     "decoder_layers",
     "linear_numerics",
     "qmm",

@@ -67,18 +67,23 @@ engines (transformers via `AlignedAttention`, vLLM through minite.engines.vllm's
 vLLM's own op computes exactly the same, which tests/nn/test_rope_attention.py checks bit for bit). On
 CUDA, without autograd, one kernel (minite.kernels.rope) computes the same bits as the torch ops.
 
-`attention = "fp64"`: an attention core whose bf16 result does not depend on how the work is split.
-From bf16 q, k, v: logits = (q·kᵀ) · scale in float64 (products of bf16 numbers are exact in
-float64 and their sum over head_dim is exact for any realistic exponent spread, so it does not depend
-on the summation order), masked, max-subtracted softmax in float64, P·V in float64, divided by the row
-sum, one rounding to the activation dtype. The remaining order dependence (float64 exp and sums,
-~1e-16 relative) would have to straddle a bf16 rounding boundary (relative spacing 2^-8) to show up,
-so prefill vs decode, padding, batch composition and the engine no longer change the result. Rows
-with no visible key (left padding) give 0. The same argument is behind minite.numerics'
-float64-accumulating reference GEMM. It is a reference path (correctness over speed): it materializes
-the (L, S) logits in float64. Measured on a bf16 tiny Qwen3-MoE (AVX-512, isa "vec"; prefills of 40 to
-150 tokens): vLLM's CPU kernel output equals this core's on 99.98 % of the elements, torch's SDPA on
-73 %, so the aligned core moves vLLM's sampler numerics hardly at all and the trainer's a lot.
+`attention = "fixed"` (minite.nn.attention_fixed): one attention algorithm that both engines run in every
+phase, so a query's result depends only on that query and its keys. On CUDA: fp32 tiled attention, online
+softmax, key blocks and chunks in one fixed order, the same MMA instruction shape in the trainer's forward,
+the sampler's prefill and its decode against the KV cache (minite.kernels.attention). On CPU: the float64
+core below (minite.nn.attention_fixed says why an fp32 version cannot be made shape-independent there).
+
+The float64 core (`attention_fp64`): from bf16 q, k, v: logits = (q·kᵀ) · scale in float64 (products of
+bf16 numbers are exact in float64 and their sum over head_dim is exact for any realistic exponent spread,
+so it does not depend on the summation order), masked, max-subtracted softmax in float64, P·V in float64,
+divided by the row sum, one rounding to the activation dtype. The remaining order dependence (float64
+exp and sums, ~1e-16 relative) would have to straddle a bf16 rounding boundary (relative spacing 2^-8) to
+show up, so prefill vs decode, padding, batch composition and the engine no longer change the result.
+Rows with no visible key (left padding) give 0. The same argument is behind minite.numerics'
+float64-accumulating reference GEMM. It materializes the (L, S) logits in float64: a CPU path, for the
+tiny models. Measured on a bf16 tiny Qwen3-MoE (AVX-512, isa "vec"; prefills of 40 to 150 tokens): vLLM's
+CPU kernel output equals this core's on 99.98 % of the elements, torch's SDPA on 73 %, so the aligned
+core moves vLLM's sampler numerics hardly at all and the trainer's a lot.
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minite.nn.attention_fixed import fixed_attention
 from minite.nn.linear import _hooked, shared_input_projections
 from minite.nn.moe import FP32RMSNorm
 from minite.numerics import dispatch
@@ -197,72 +203,6 @@ def causal_keep(q_len: int, kv_len: int, device: torch.device | None = None) -> 
     return torch.arange(kv_len, device=device)[None, :] <= qpos[:, None]
 
 
-def attention_fp64(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """Attention core in float64, rounded once to q.dtype (see module docstring).
-
-    q (B, Hq, L, d); k, v (B, Hkv, S, d) with Hq a multiple of Hkv (query head h reads kv head
-    h // (Hq/Hkv)); keep: bool broadcastable to (B, Hq, L, S), True where a query attends, or None
-    (all keys). Returns (B, Hq, L, d). Differentiable. On CUDA, for decode (few queries) without
-    autograd, minite.kernels.attention computes the same bits from the bf16 cache.
-    """
-    if _attention_kernel_applies(q, k, v, keep):
-        from minite.kernels.attention import attention_fp64_decode
-
-        return attention_fp64_decode(q, k, v, keep, scale)
-    return attention_fp64_ref(q, k, v, keep, scale)
-
-
-def attention_fp64_ref(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """`attention_fp64` in torch ops (any device, differentiable)."""
-    b, hq, lq, d = q.shape
-    hkv, s = k.shape[1], k.shape[2]
-    groups = hq // hkv
-    # the query heads of one kv head share its keys: (B, Hkv, G*L, d) against (B, Hkv, S, d) reads each
-    # cached key once (a repeat would copy the cache G times); the sums are the same exact float64 sums
-    qd = q.double().reshape(b, hkv, groups * lq, d)
-    kd, vd = k.double(), v.double()
-    logits = (torch.matmul(qd, kd.transpose(-1, -2)) * scale).view(b, hkv, groups, lq, s)
-    if keep is not None:
-        logits = logits.masked_fill(~_per_group(keep, hkv, groups), float("-inf"))
-    m = logits.amax(dim=-1, keepdim=True).detach()
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a row with no visible key
-    e = torch.exp(logits - m)
-    denom = e.sum(dim=-1, keepdim=True)
-    out = torch.matmul(e.reshape(b, hkv, groups * lq, s), vd).view(b, hkv, groups, lq, d)
-    out = out / torch.where(denom > 0, denom, torch.ones_like(denom))
-    return out.reshape(b, hq, lq, d).to(q.dtype)
-
-
-def _attention_kernel_applies(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
-) -> bool:
-    """The kernel core on CUDA when no gradient is needed and the kernel takes the shapes (decode: few
-    queries per kv head), at any cache length. Before the kernel split the cache over programs, one
-    program walked a (batch row, kv head)'s whole cache and the torch ops were faster with few programs
-    and a long cache (H200: B = 1, S = 4096, 4 kv heads: 369 us against 272), so it only ran while
-    S <= 64 * B * Hkv (S = 512 at B * Hkv = 256: 74 us against 311). With few programs it now splits
-    the cache (minite.kernels.attention): H200, B = 1, S = 4096: 34.5 us against 109.5 for the torch
-    ops (results/bench/decode_h200.md, session 16), bits equal to the reference."""
-    if not dispatch.use_kernels(q, k, v, keep):
-        return False
-    from minite.kernels.attention import attention_decode_supported
-
-    return attention_decode_supported(q, k, v, keep)
-
-
-def _per_group(keep: torch.Tensor, hkv: int, groups: int) -> torch.Tensor:
-    """A keep mask broadcastable to (B, Hq, L, S) as one broadcastable to (B, Hkv, G, L, S)."""
-    while keep.ndim < 4:
-        keep = keep.unsqueeze(0)
-    if keep.shape[1] == 1:
-        return keep.unsqueeze(2)
-    return keep.unflatten(1, (hkv, groups))
-
-
 def keep_from_hf_mask(
     mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device
 ) -> torch.Tensor:
@@ -277,7 +217,7 @@ def keep_from_hf_mask(
         return mask
     keep = mask > torch.finfo(mask.dtype).min / 2
     if bool((mask[keep] != 0).any()):
-        raise NotImplementedError("attention='fp64': additive attention biases are not supported")
+        raise NotImplementedError("attention='fixed': additive attention biases are not supported")
     return keep
 
 
@@ -310,7 +250,7 @@ class AlignedAttention(nn.Module):
         self, attn: nn.Module, rope: RopeArithmetic, attention: AttentionCore, table: RopeTable | None
     ):
         super().__init__()
-        if rope not in ("native", "fp32") or attention not in ("native", "fp64"):
+        if rope not in ("native", "fp32") or attention not in ("native", "fixed"):
             raise ValueError(f"AlignedAttention: rope={rope!r}, attention={attention!r}")
         if rope == "fp32" and table is None:
             raise ValueError("AlignedAttention: rope='fp32' needs a RopeTable")
@@ -403,9 +343,15 @@ class AlignedAttention(nn.Module):
         else:
             q, k, v = self._inputs(q, k, v, position_embeddings, past_key_values, **kwargs)
 
-        if self.attention == "fp64":
-            keep = keep_from_hf_mask(attention_mask, q.shape[-2], k.shape[-2], q.device)
-            out, weights = attention_fp64(q, k, v, keep, self.scaling).transpose(1, 2), None
+        if self.attention == "fixed":
+            # the built-in sampler's cache gives each row's window itself (kernels: no mask needed)
+            window = getattr(past_key_values, "attention_window", None)
+            kv_start, q_start = window() if window is not None else (None, None)
+            keep = None
+            if attention_mask is not None:
+                keep = keep_from_hf_mask(attention_mask, q.shape[-2], k.shape[-2], q.device)
+            out = fixed_attention(q, k, v, self.scaling, kv_start, q_start, keep).transpose(1, 2)
+            weights = None
         else:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

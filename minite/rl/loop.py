@@ -8,9 +8,18 @@ tensors (safetensors) that a resume loads back onto the device. `auto` is cuda w
 else cpu; asking for cuda where there is none fails before anything is built. CPU runs are bit for
 bit what they were before the setting existed.
 
+Task (`prompt`, `reward`): the data rows (minite.rl.data: text or chat messages, an answer, a
+data_source) become prompt ids through the model's own tokenizer (minite.rl.prompts: `plain`, or the
+chat template with `add_generation_prompt=True`), generation stops at EOS and the template's
+end-of-turn token in either sampler, and completions are scored by the reward of `reward.name`
+(minite.rl.rewards; `auto`: by data_source), which never raises.
+
 Per step it appends one JSON line to `<out_dir>/metrics.jsonl`: reward, response length, the DESIGN.md
 mismatch metrics between the trainer's recompute and the sampler's log-probs (prefixed `mismatch/`),
-the loss statistics (`train/`), and periodically the greedy eval accuracy (`eval/accuracy`).
+the loss statistics (`train/`), the reward's accuracy and its ungradable completions (`reward/acc`,
+`reward/no_answer`, `reward/errors`), and periodically the greedy eval accuracy (`eval/accuracy`).
+The process's peak memory after each step (resident set; on a GPU also the device's peak allocation)
+goes to `<out_dir>/memory.json`, apart from the metrics, which must be reproducible.
 """
 
 from __future__ import annotations
@@ -43,9 +52,10 @@ from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
 from minite.engines.weight_sync import export_weights
 from minite.faultinject import maybe_kill
 from minite.recipes import get_recipe
-from minite.rl.formats import score
+from minite.rl.data import Example, read_examples
 from minite.rl.grpo import GRPOConfig, group_advantages
-from minite.rl.task import Example, load_jsonl
+from minite.rl.prompts import PromptConfig, check_chat_template, encode_prompt, stop_token_ids
+from minite.rl.rewards import RewardConfig, check_rewards, completion_text, score_completions
 
 
 def _at_least(low: int, **values: int) -> None:
@@ -80,10 +90,12 @@ class SamplerConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     # vLLM's gpu_memory_utilization, per engine: the fraction of the GPU's memory (on CPU: of the
-    # node's memory) the engine may take for its weights, activations and KV cache, in (0, 1]. Unset:
-    # under `minite train` vLLM's own default (0.92 in vLLM 0.32); under train-dist, where every rank
-    # runs an engine next to its learner shard, 0.3 on a GPU and 0.5 / local ranks on CPU (there
-    # VLLM_CPU_KVCACHE_SPACE, in GiB, if set, wins over both)
+    # node's memory, the whole process counted) the engine may take for its weights, activations and
+    # KV cache, in (0, 1]. Set, it wins (and eval and diagnose of the run take it too). Unset, it follows
+    # the machine and how many engines run at once (minite.engines.vllm.memory: on CPU 0.8 of the node
+    # over the engine jobs at once, the KV cache sized to the work; on a GPU 0.3 beside the learner,
+    # 0.9 alone, over the engines sharing it), not vLLM's default of 0.92. On CPU
+    # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache), if set, wins over both
     gpu_memory_utilization: float | None = None
     # a synthetic mismatch (minite/engines/noise.py): the std of seeded Gaussian noise added to the
     # sampler's fp32 logits in sampled rollouts (never in greedy evals); 0 = off. Built-in engine only
@@ -161,6 +173,10 @@ class TrainConfig:
     # cuda (the current CUDA device) or cuda:N; availability is checked when the run starts
     device: str = "auto"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # how a data row becomes prompt ids (the tiny task: plain text; the paper: the chat template)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    # how a completion is scored (the tiny task: exact match; the paper: math_dapo / boxed)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -323,8 +339,36 @@ def check_inputs(
             f"{vocab}, so sampled ids could index past the embedding; use the tokenizer the model was "
             "trained with, or a model with vocab_size >= the tokenizer's size"
         )
-    train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")  # every line checked: file and line named
-    load_jsonl(Path(cfg.data_dir) / "eval.jsonl")
+    if cfg.prompt.format == "chat":
+        check_chat_template(tokenizer, f"model_dir {md}")
+    # every row checked (file and row named); then every prompt encoded, its reward known
+    splits = {s: read_examples(Path(cfg.data_dir) / f"{s}.jsonl") for s in ("train", "eval")}
+    train_set = splits["train"]
+    check_rewards(
+        cfg.reward,
+        [
+            (f"{cfg.data_dir}/{s}.jsonl:{i + 1}", e.data_source)
+            for s, rows in splits.items()
+            for i, e in enumerate(rows)
+        ],
+        cfg.rollout.max_new_tokens,
+    )
+    longest = (0, "")
+    for split, rows in splits.items():
+        for i, e in enumerate(rows):
+            where = f"{cfg.data_dir}/{split}.jsonl:{i + 1}"
+            try:
+                n = len(encode_prompt(tokenizer, e, cfg.prompt))
+            except ValueError as err:
+                raise ConfigError(f"{where}: {err}") from err
+            longest = max(longest, (n, where))
+    need = longest[0] + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
+    if cfg.sampler.engine == "vllm" and need > cfg.sampler.max_model_len:
+        raise ConfigError(
+            f"{longest[1]}: a prompt of {longest[0]} tokens plus max_new_tokens "
+            f"({max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)}) needs sampler.max_model_len >= "
+            f"{need}, got {cfg.sampler.max_model_len}; raise it or shorten the prompts"
+        )
     if len(train_set) < cfg.rollout.prompts_per_step:
         raise ConfigError(
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} exceeds the {len(train_set)} examples "
@@ -402,6 +446,7 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
         dtype=cfg.sampler.dtype,
         seed=cfg.seed,
         max_model_len=cfg.sampler.max_model_len,
+        learner_on_device=resolve_device(cfg.device).type == "cuda",
         **cfg.sampler.engine_kwargs(),
     )
 
@@ -447,35 +492,68 @@ def step_prompts(
 ) -> tuple[list[Example], list[list[int]], SamplingParams]:
     """A step's problems, encoded prompts and sampling parameters: a function of (seed, step) alone, so
     a resumed run and every rank of `train-dist` draw the same ones."""
-    from minite.models.tokenizer import encode_prompt
-
     rng = random.Random(cfg.seed * 1_000_003 + step)
     exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
-    prompts = [encode_prompt(tokenizer, e.prompt) for e in exs]
+    prompts = [encode_prompt(tokenizer, e, cfg.prompt) for e in exs]
     params = SamplingParams(
         n=cfg.grpo.group_size,
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         seed=cfg.seed * 1_000_003 + step,
-        stop_token_ids=(tokenizer.eos_token_id,),
+        stop_token_ids=stop_token_ids(tokenizer, cfg.model_dir),
     )
     return exs, prompts, params
 
 
-def group_rewards(tokenizer, groups: list[list[Completion]], exs: list[Example]) -> torch.Tensor:
-    """The reward of every completion, group by group (the order of the flattened completions)."""
-    return torch.tensor(
-        [score(e, tokenizer.decode(c.token_ids)) for g, e in zip(groups, exs, strict=True) for c in g]
+def _scores(cfg: TrainConfig, tokenizer, completions: list[Completion], exs: list[Example], max_len: int):
+    texts = [
+        completion_text(tokenizer, c.token_ids, cfg.reward.reward_of(e.data_source))
+        for c, e in zip(completions, exs, strict=True)
+    ]
+    return score_completions(
+        cfg.reward,
+        texts,
+        [e.answer for e in exs],
+        [e.data_source for e in exs],
+        [len(c.token_ids) for c in completions],
+        max_len,
     )
 
 
-def evaluate_accuracy(sampler, tokenizer, examples: list[Example], max_new_tokens: int) -> float:
-    from minite.models.tokenizer import encode_prompt
+def group_rewards(
+    cfg: TrainConfig, tokenizer, groups: list[list[Completion]], exs: list[Example]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The reward of every completion, group by group (the order of the flattened completions), and
+    the step's reward metrics (minite.rl.rewards.score_completions)."""
+    flat = [(c, e) for g, e in zip(groups, exs, strict=True) for c in g]
+    _, rewards, stats = _scores(
+        cfg, tokenizer, [c for c, _ in flat], [e for _, e in flat], cfg.rollout.max_new_tokens
+    )
+    return torch.tensor(rewards), stats
 
-    prompts = [encode_prompt(tokenizer, e.prompt) for e in examples]
-    groups = sampler.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0))
-    hits = [score(e, tokenizer.decode(g[0].token_ids)) for g, e in zip(groups, examples, strict=True)]
-    return sum(hits) / max(1, len(hits))
+
+def evaluate_accuracy(cfg: TrainConfig, sampler, tokenizer, examples: list[Example]) -> float:
+    """Greedy accuracy (the reward's `acc`) on `examples`, prompts and stops as in rollouts."""
+    prompts = [encode_prompt(tokenizer, e, cfg.prompt) for e in examples]
+    params = SamplingParams(
+        n=1,
+        max_new_tokens=cfg.eval.max_new_tokens,
+        temperature=0.0,
+        stop_token_ids=stop_token_ids(tokenizer, cfg.model_dir),
+    )
+    groups = sampler.generate(prompts, params)
+    scores, _, _ = _scores(cfg, tokenizer, [g[0] for g in groups], examples, cfg.eval.max_new_tokens)
+    return sum(s.acc for s in scores) / max(1, len(scores))
+
+
+def peak_memory_mib(device: torch.device) -> dict[str, float]:
+    """The process's peak resident memory so far (and the device's peak allocation on CUDA), MiB."""
+    import resource
+
+    out = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
+    if device.type == "cuda":
+        out["cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
 
 
 def summarize_metrics(metrics_path: Path, **header: Any) -> dict[str, Any]:
@@ -528,6 +606,7 @@ def _save_checkpoint(path: Path, trainer: Trainer, state: dict[str, Any]) -> Non
 
 
 INITIAL_EVAL_FILE = "eval_initial.json"
+MEMORY_FILE = "memory.json"
 
 
 def train(
@@ -577,15 +656,16 @@ def train(
             initial_path.unlink()
     _truncate_metrics(metrics_path, start)
 
-    train_set = load_jsonl(Path(cfg.data_dir) / "train.jsonl")
-    eval_set = load_jsonl(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
+    train_set = read_examples(Path(cfg.data_dir) / "train.jsonl")
+    eval_set = read_examples(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
     group = cfg.grpo.group_size
     sampler = make_sampler(cfg, model.config, recipe, tokenizer, device=device)
     sampler.update_weights(export_weights(trainer.model, recipe, version=start))
     if eval_at_start and start == 0:
-        acc0 = evaluate_accuracy(sampler, tokenizer, eval_set, cfg.eval.max_new_tokens)
+        acc0 = evaluate_accuracy(cfg, sampler, tokenizer, eval_set)
         initial_path.write_text(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
     steps_done, stopped_early = start, False
+    memory: list[dict[str, float]] = []
     bar = tqdm(
         range(start, cfg.steps),
         desc=f"GRPO {recipe.name} seed {cfg.seed}",
@@ -602,7 +682,7 @@ def train(
                 groups = sampler.generate(prompts, params)
                 t_roll = time.perf_counter()
                 completions = [c for g in groups for c in g]
-                rewards = group_rewards(tokenizer, groups, exs)
+                rewards, reward_stats = group_rewards(cfg, tokenizer, groups, exs)
                 batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
                 if not bool(torch.isfinite(rewards).all()):
                     raise NonFiniteError({"kind": "reward", "tensor": "rewards"})
@@ -642,6 +722,7 @@ def train(
                 # this process's CPU time for the step: on a shared machine close to what the step takes
                 # alone on one core (single-threaded runs), which is what sizing an experiment needs
                 "time/step_cpu_s": time.process_time() - c0,
+                **reward_stats,
                 **{f"mismatch/{k}": v for k, v in gap.items()},
                 **{f"train/{k}": v for k, v in stats.items()},
             }
@@ -654,13 +735,13 @@ def train(
             if over and not is_last:
                 is_last = stopped_early = True
             if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
-                record["eval/accuracy"] = evaluate_accuracy(
-                    sampler, tokenizer, eval_set, cfg.eval.max_new_tokens
-                )
+                record["eval/accuracy"] = evaluate_accuracy(cfg, sampler, tokenizer, eval_set)
             bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
             if bad and any(k.startswith("train/") for k in bad):
                 raise FloatingPointError(f"step {step}: non-finite {bad}")
             _append_jsonl(metrics_path, record)
+            memory.append({"step": step, **peak_memory_mib(device)})
+            (out / MEMORY_FILE).write_text(json.dumps(memory, indent=1) + "\n")
             if log_fn is not None:
                 log_fn(record)
             if is_last or (step + 1) % cfg.checkpoint_every == 0:

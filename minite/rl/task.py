@@ -14,8 +14,19 @@ see `minite.models.tokenizer`), which `reward` strips before comparing.
 Completion formats (`TaskConfig.format`, `Example.format`): "answer" (above: the completion is the
 answer) or "scratchpad" (`minite.rl.scratchpad`: the intermediate results of every step, then the
 answer after a "#" marker, tens of tokens). A line may carry the optional fields `target` (the
-completion SFT trains on; default the answer) and `format` (default "answer"); `minite.rl.rewards.score`
-grades a completion by its example's format.
+completion SFT trains on; default the answer) and `format` (default "answer"); rows in the
+scratchpad format carry `data_source: scratchpad`, so `reward.name: auto` grades them with the
+`scratchpad` reward (`minite.rl.rewards.scratchpad`).
+
+How a task plugs into the RL loop (this one is the tiny default; the paper's math task is the other):
+- data: rows of `minite.rl.data.Example` (prompt text or chat messages, answer, data_source), made by
+  the prepare stage into `<prepare>/data/{train,eval}.jsonl` (`minite.rl.data.write_examples`); a
+  generator of its own, like this module's `generate` or `minite.rl.word_problems`, feeds it;
+- prompts: `rl.prompt` (minite.rl.prompts.PromptConfig): `plain` text through the tokenizer (this task,
+  with its character tokenizer) or the model's chat template with an instruction around the problem;
+- reward: a module in `minite.rl.rewards` with `compute_score(solution_str, ground_truth) -> Score`,
+  registered in `REWARDS` (and for `reward.name: auto`, its data_source in `DATA_SOURCES`); this
+  task's are `arith` (`minite.rl.rewards.arith`, the exact match below) and `scratchpad`.
 """
 
 from __future__ import annotations
@@ -93,7 +104,9 @@ class Example:
         if self.target is not None:
             out["target"] = self.target
         if self.format != "answer":
+            # the format names its reward too (minite.rl.rewards: DATA_SOURCES), for reward.name: auto
             out["format"] = self.format
+            out["data_source"] = self.format
         return out
 
 

@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 NGPU=$(nvidia-smi -L | wc -l)
-# the last: minite with native RoPE/attention, to price its fp32 RoPE + float64 attention core
+# the last: minite with native RoPE/attention, to price its fp32 RoPE + fixed attention core
 LEARNER_RECIPES=${LEARNER_RECIPES:-bf16 minite te_nvfp4 minite:attention=native,rope=native}
 learner() {  # $1: seconds
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout "$1" \

@@ -21,6 +21,7 @@ from minite.numerics import QuantSpec, dequantize, nvfp4_matmul_ref, quantize
 from minite.recipes import BF16, MINITE, TE_NVFP4
 
 FAILED: list[str] = []
+CONTEXTS = (128, 1024, 4096, 8192)  # the issue's context lengths for the minite bits check
 
 
 def check(name: str, ok: bool, detail: str) -> None:
@@ -56,6 +57,57 @@ def decode_vs_full_forward(name: str, shape: dict, layers: int, dev: torch.devic
         same,
         f"decode-step logits == one full forward bitwise: {same} (max rel {rel(dec_logits, full):.2e})",
     )
+    sampler.close()
+
+
+def long_context_decode_vs_full_forward(
+    contexts: tuple[int, ...], layers: int, dev: torch.device, shape: dict = QWEN3_30B_A3B
+) -> None:
+    """minite at Qwen3-30B-A3B layer shapes: the sampler's decode-step logits at context lengths `contexts`
+    (two rows, one left-padded by 5 slots, so the fixed attention's windows start at 0 and at 5; the first
+    step eager, the others CUDA-graph replays) against one
+    full forward per row over its own tokens, without and with autograd (the trainer's path: the fixed
+    attention's training kernel), bit for bit."""
+    sampler = build_sampler(MINITE, shape, layers, dev, seed=0)
+    model = sampler.model
+    for ctx in contexts:
+        steps, width = 3, ctx - 3
+        prompt = torch.randint(3, shape["vocab_size"], (2, width), device=dev)
+        real = torch.ones_like(prompt)
+        real[1, :5] = 0
+        dec = Decoder(model, 2, ctx, dev)
+        with torch.no_grad():
+            out, seq = [dec.prefill(prompt, real)], prompt
+            for t in range(steps):  # the first step eager, the others replayed as a CUDA graph
+                tok = out[-1].argmax(-1)
+                seq = torch.cat([seq, tok[:, None]], 1)
+                dec.set_next(tok, width + t, real.sum(-1) + t)
+                graph = t > 0 and dev.type == "cuda" and dec.try_capture()
+                out.append(dec.step(graph).clone())
+        got = torch.stack(out, 1).float()  # (2, steps + 1, V): logits after the prompt and each token
+        for grad in (False, True):  # no grad: the sampler's model as is; grad: the training kernel's path
+            same, worst = True, 0.0
+            try:
+                for row in range(2):
+                    ids = seq[row, int((real[row] == 0).sum()) :][None]
+                    with torch.set_grad_enabled(grad):
+                        full = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+                    full = full[0, -(steps + 1) :].detach().float()
+                    same &= torch.equal(got[row], full)
+                    worst = max(worst, rel(got[row], full))
+                    del full
+                detail = f"bitwise: {same} (max rel {worst:.2e})"
+            except Exception as exc:  # noqa: BLE001 - reported as this check's failure
+                same, detail = False, f"{type(exc).__name__}: {exc}"[:300]
+            check(
+                f"minite_decode_vs_full_forward{'_autograd' if grad else ''}_ctx{ctx}_qwen3_30b_a3b_shapes",
+                same,
+                f"{layers} layers, 2 rows (one left-padded): decode-step logits == one full forward per row "
+                f"({'autograd on' if grad else 'no grad'}), {detail}",
+            )
+        del dec
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     sampler.close()
 
 
@@ -145,6 +197,7 @@ def main() -> int:
     # alignment needs them equal. Toy shapes, then Qwen3-30B-A3B's layer shapes (2 layers, the last bf16)
     decode_vs_full_forward("minite_decode_tiles_vs_full_forward", TOY, 3, dev)
     decode_vs_full_forward("minite_decode_vs_full_forward_qwen3_30b_a3b_shapes", QWEN3_30B_A3B, 2, dev)
+    long_context_decode_vs_full_forward(CONTEXTS, 2, dev)
     print("failed:", FAILED or "none", flush=True)
     return 1 if FAILED else 0
 

@@ -3,9 +3,9 @@
 
 Qwen3-30B-A3B shapes: grouped experts (128 experts, top-8; gate_up N=1536 K=2048, down N=2048 K=768)
 at decode batches, against the shipped GROUPED_CONFIG and torch._grouped_mm bf16; dense projections
-against BATCH_INVARIANT_CONFIG and cuBLAS bf16; the float64 attention core at decode. Every time is a
-CUDA graph of 20 calls (5 for attention), the median replay (minite.bench.timing.bench_graph; the
-2026-11-30 numbers in results/bench/decode_h200.md came from this script's own copy of that timer,
+against BATCH_INVARIANT_CONFIG and cuBLAS bf16 (the attention core: `minite bench attention`). Every time is a
+CUDA graph of 20 calls, the median replay (minite.bench.timing.bench_graph; the
+2026-11-30 numbers in results/bench/history/decode_h200.md came from this script's own copy of that timer,
 the median of 5 event-timed replays).
 
     python3 scripts/gpu/decode_configs.py
@@ -13,7 +13,6 @@ the median of 5 event-timed replays).
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 
 import torch
@@ -157,49 +156,6 @@ def dense(gen: torch.Generator, regs: bool = False) -> None:
             print(f"| {n}x{k} | {m} | {bf16:.1f} | " + " | ".join(cells) + " |")
 
 
-def repeat_version(q, k, v, keep, scale):
-    """The previous attention_fp64 (repeat_interleave of the kv cache per query head)."""
-    groups = q.shape[1] // k.shape[1]
-    kd = k.double().repeat_interleave(groups, dim=1)
-    vd = v.double().repeat_interleave(groups, dim=1)
-    logits = torch.matmul(q.double(), kd.transpose(-1, -2)) * scale
-    logits = logits.masked_fill(~keep, float("-inf"))
-    m = logits.amax(dim=-1, keepdim=True)
-    e = torch.exp(logits - m)
-    return (torch.matmul(e, vd) / e.sum(-1, keepdim=True)).to(q.dtype)
-
-
-def attention_train() -> None:
-    """The trainer's float64 core: forward + backward of one layer at learner-bench shapes."""
-    from minite.nn.attention import attention_fp64, causal_keep
-
-    print("\n## float64 attention core, training (16 x 512 tokens, 32 q / 4 kv heads of 128), fwd + bwd, ms")
-    print("| repeat_interleave (previous) | grouped (shipped) | outputs equal | grads equal |")
-    b, s = 16, 512
-    q = torch.randn(b, 32, s, 128, device="cuda").bfloat16().requires_grad_()
-    k = torch.randn(b, 4, s, 128, device="cuda").bfloat16().requires_grad_()
-    v = torch.randn(b, 4, s, 128, device="cuda").bfloat16().requires_grad_()
-    keep = causal_keep(s, s, torch.device("cuda"))
-    dy = torch.randn(b, 32, s, 128, device="cuda").bfloat16()
-    res = {}
-    for name, fn in (("old", repeat_version), ("new", attention_fp64)):
-        times = []
-        for _ in range(4):
-            q.grad = k.grad = v.grad = None
-            torch.cuda.synchronize()
-            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            out = fn(q, k, v, keep, 128**-0.5)
-            out.backward(dy)
-            z.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(z))
-        res[name] = (statistics.median(times[1:]), out.detach(), q.grad.clone(), k.grad.clone())
-    o, n = res["old"], res["new"]
-    grads = torch.equal(o[2], n[2]) and torch.equal(o[3], n[3])
-    print(f"| {o[0]:.1f} | {n[0]:.1f} | {torch.equal(o[1], n[1])} | {grads} |")
-
-
 def norm() -> None:
     """fp32 RMSNorm and RoPE at decode shapes: the torch references against the one-kernel twins."""
     from minite.nn.norm import rms_norm_fp32, rms_norm_fp32_ref
@@ -230,40 +186,11 @@ def norm() -> None:
         print(f"| {tokens} x {heads} | {ref:.1f} | {ker:.1f} | {same} |")
 
 
-def attention() -> None:
-    from minite.kernels.attention import _attention_decode, attention_fp64_decode
-    from minite.nn.attention import attention_fp64_ref
-
-    print("\n## float64 attention core, decode (one query; 3/4 of the cache slots visible), us")
-    print(
-        "| batch | slots | repeat_interleave (previous) | torch float64 ops, grouped | one kernel, unsplit "
-        "| kernel, cache split (shipped) | bits equal |"
-    )
-    for b, slots in ((1, 256), (16, 256), (64, 256), (256, 256), (1, 4096), (16, 512)):
-        q = torch.randn(b, 32, 1, 128, device="cuda").bfloat16()
-        k = torch.randn(b, 4, slots, 128, device="cuda").bfloat16()
-        v = torch.randn(b, 4, slots, 128, device="cuda").bfloat16()
-        keep = torch.zeros(b, 1, 1, slots, dtype=torch.bool, device="cuda")
-        keep[..., : slots * 3 // 4] = True
-        args = (q, k, v, keep, 128**-0.5)
-        old = graph_us(lambda args=args: repeat_version(*args), calls=5)
-        new = graph_us(lambda args=args: attention_fp64_ref(*args), calls=5)
-        one = graph_us(lambda args=args: _attention_decode(*args, torch.bfloat16, splits=1), calls=5)
-        fused = graph_us(lambda args=args: attention_fp64_decode(*args), calls=5)
-        ref = attention_fp64_ref(*args)
-        same = (
-            torch.equal(repeat_version(*args), ref)
-            and torch.equal(attention_fp64_decode(*args), ref)
-            and torch.equal(_attention_decode(*args, torch.bfloat16, splits=1), ref)
-        )
-        print(f"| {b} | {slots} | {old:.1f} | {new:.1f} | {one:.1f} | {fused:.1f} | {same} |")
-
-
 def main() -> None:
     import argparse
 
     p = argparse.ArgumentParser()
-    p.add_argument("--only", nargs="+", choices=["attention", "train", "grouped", "dense", "norm"])
+    p.add_argument("--only", nargs="+", choices=["grouped", "dense", "norm"])
     p.add_argument("--grouped-tokens", type=int, nargs="+", default=[1, 16, 64, 256, 512, 1024])
     p.add_argument("--wide", action="store_true", help="more wgmma tiles in the grouped sweep")
     p.add_argument(
@@ -271,13 +198,9 @@ def main() -> None:
     )
     p.add_argument("--regs", action="store_true", help="the shipped few-row tiles with register caps")
     args = p.parse_args()
-    only = set(args.only or ["attention", "train", "grouped", "dense", "norm"])
+    only = set(args.only or ["grouped", "dense", "norm"])
     print(torch.cuda.get_device_name(), torch.__version__)
     gen = torch.Generator().manual_seed(0)
-    if "attention" in only:
-        attention()
-    if "train" in only:
-        attention_train()
     if "grouped" in only:
         grouped(gen, args.grouped_tokens, args.wide, args.swap_sweep, args.regs)
     if "dense" in only:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9: FSDP2 learner scaling on the GPUs of one host (`minite bench-scaling`, NCCL, one process per
+# FSDP2 learner scaling on the GPUs of one host (`minite bench-scaling`, NCCL, one process per
 # GPU, N = 1..#GPUs), bf16 and minite, on (a) the h200 profile's model with its throughput batch and
 # (b) Qwen3-30B-A3B's real layer shapes with 4 decoder layers. Same global batch for every N; the
 # log-probs are checked against the 1-GPU run, and the 1-GPU run is repeated once for the device's own

@@ -63,7 +63,7 @@ def test_learner_report_schema_and_ratios(learner_report):
         rows["minite"]["breakdown"]["quantize_ms"] > 0 and rows["te_nvfp4"]["breakdown"]["nvfp4_gemm_ms"] > 0
     )
     assert rows["bf16"]["breakdown"]["quantize_ms"] == 0
-    assert rows["minite"]["breakdown"]["attention_fp64_core_ms"] > 0
+    assert rows["minite"]["breakdown"]["attention_core_ms"] > 0
     ex = report["extrapolation_48"]
     assert ex["layers"] == 48 and "assumption" in ex and set(ex["tokens_per_s"]) == set(RECIPES)
 
@@ -103,7 +103,7 @@ def test_rollout_report_schema_and_ratios(tmp_path):
     # two batch sizes: the decode-vs-batch figure beside the report, from the same numbers
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from minite.figures import decode_rows
+    from minite.figures.throughput import decode_rows
 
     df = decode_rows(report)
     assert sorted(df["batch"].unique()) == [1, 3] and set(df["run"]) == set(RECIPES)

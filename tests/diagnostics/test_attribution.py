@@ -28,7 +28,7 @@ def test_each_component_changes_the_naive_pair_and_only_its_part(name):
         assert t.fprop_act.scope == s.fprop_act.scope == "row"
         assert s.fprop_weight == TE_NVFP4.sampler.fprop_weight and s.weight_source == "reexport"
     if name == "rope_attn":
-        assert (t.rope, t.attention, s.rope, s.attention) == ("fp32", "fp64", "fp32", "fp64")
+        assert (t.rope, t.attention, s.rope, s.attention) == ("fp32", "fixed", "fp32", "fixed")
         assert TE_NVFP4.trainer.rope == TE_NVFP4.sampler.rope == "native"
     if name == "non_gemm":
         assert t.fp32_router and s.fp32_norm and s.deterministic_topk

@@ -139,20 +139,21 @@ def test_train_dist_killed_then_resumed_equals_uninterrupted(tiny_inputs, tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("frac", "cuda", "kvcache", "local_world", "want"),
+    ("frac", "cuda", "jobs", "local_world", "want_share", "want_engines"),
     [
-        (0.4, False, None, 2, 0.4),  # the key wins everywhere
-        (0.4, False, "1", 2, 0.4),
-        (None, True, None, 2, 0.3),  # unset: 0.3 of a GPU shared with the learner
-        (None, False, None, 2, 0.25),  # unset, CPU: 0.5 of the node's memory over its local engines
-        (None, False, "1", 2, None),  # unset, CPU, VLLM_CPU_KVCACHE_SPACE set: vLLM takes that
+        (0.4, False, None, 2, 0.4, 2),  # the key wins everywhere
+        (0.4, True, "2", 2, 0.4, 2),
+        (None, True, None, 2, None, 1),  # unset: one engine per GPU, beside the learner
+        (None, False, None, 2, None, 2),  # unset, CPU: the node's local ranks share it
+        (None, False, "2", 2, None, 4),  # ... times the engine jobs at once (the workflow's count)
     ],
 )
 def test_train_dist_vllm_memory_share(
-    tiny_inputs, tmp_path, monkeypatch, frac, cuda, kvcache, local_world, want
+    tiny_inputs, tmp_path, monkeypatch, frac, cuda, jobs, local_world, want_share, want_engines
 ):
     """`rl.sampler.gpu_memory_utilization` reaches every rank's vLLM engine (make_colocated_vllm, one
-    gloo rank here, the engine replaced by a recorder); unset, the defaults it had as an env var."""
+    gloo rank here, the engine replaced by a recorder); unset, the engine derives its share
+    (minite.engines.vllm.memory) from the engines that share its device, which this counts."""
     import socket
 
     import torch
@@ -160,6 +161,7 @@ def test_train_dist_vllm_memory_share(
 
     import minite.engines.vllm.engine as engine
     from minite.distributed.run import make_colocated_vllm
+    from minite.engines.vllm.memory import ENGINES_ENV
     from minite.recipes import get_recipe
     from minite.rl.loop import SamplerConfig, TrainConfig
 
@@ -171,10 +173,10 @@ def test_train_dist_vllm_memory_share(
 
     monkeypatch.setattr(engine, "VLLMSampler", Recorder)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    if kvcache is None:
-        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    if jobs is None:
+        monkeypatch.delenv(ENGINES_ENV, raising=False)
     else:
-        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", kvcache)
+        monkeypatch.setenv(ENGINES_ENV, jobs)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
@@ -193,5 +195,6 @@ def test_train_dist_vllm_memory_share(
     finally:
         dist.destroy_process_group()
     assert seen["distributed_executor_backend"] == "external_launcher"
-    assert seen.get("gpu_memory_utilization") == want
-    assert ("gpu_memory_utilization" in seen) == (want is not None)
+    assert seen.get("gpu_memory_utilization") == want_share
+    assert ("gpu_memory_utilization" in seen) == (want_share is not None)
+    assert seen["engines"] == want_engines and seen["learner_on_device"] == cuda

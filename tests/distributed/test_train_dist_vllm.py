@@ -6,7 +6,7 @@ with the vLLM sampler on the same seed, step by step.
 What must be equal and why: the recipe is minite with round-to-nearest gradients (stochastic rounding
 draws depend on the operand's shape, so a 2-rank split would draw differently: tests/distributed/
 test_fsdp_equivalence.py) and its sampler executes the trainer's arithmetic, which is batch invariant
-(per-row scales, fp64 attention), so a prompt sampled by replica 1 in a batch of 2 gets the tokens and
+(per-row scales, fixed attention), so a prompt sampled by replica 1 in a batch of 2 gets the tokens and
 log-probs it gets in one engine's batch of 4. Hence rewards, lengths, the gap (exactly 0 in both) and the
 eval accuracy are equal exactly, and the loss statistics and weights to fp32 rounding (the gradient sums
 are split over ranks). Rewards are made non-zero (data labelled with the model's own likely answers), so

@@ -1,8 +1,9 @@
 """VLLMSampler on vLLM's own bf16 path: the Sampler protocol, agreement with transformers, in-place
-weight updates. One engine for the whole module (vLLM start-up dominates the cost)."""
+weight updates, and the memory it starts with. One engine for the whole module (vLLM start-up
+dominates the cost), started as the workflow starts one: its memory from the machine and the engines
+at once (MINITE_VLLM_ENGINES=2), not from VLLM_CPU_KVCACHE_SPACE."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -19,13 +20,39 @@ PROMPTS = [[1, 5, 9, 13], [1, 30, 4, 4, 7, 21], [1, 3], [1, 17, 23, 11, 19]]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dirs, tmp_path_factory):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from minite.engines.vllm.engine import VLLMSampler
+    from minite.engines.vllm.memory import ENGINES_ENV, KVCACHE_ENV
 
     model_dir = write_sampler_checkpoint(tiny_model_dirs[0], tmp_path_factory.mktemp("bf16") / "m", "bf16")
-    sampler = VLLMSampler(model_dir, "bf16", max_model_len=128)
+    with pytest.MonkeyPatch.context() as mp:  # read once, at start
+        mp.delenv(KVCACHE_ENV, raising=False)
+        mp.setenv(ENGINES_ENV, "2")
+        sampler = VLLMSampler(model_dir, "bf16", max_model_len=128)
     yield sampler
     sampler.close()
+
+
+def test_memory_follows_the_machine_and_the_work(engine):
+    """The share is 0.8 of the node over the 2 engines at once, and the KV cache vLLM built holds the
+    largest batch its scheduler runs at full length: the work, not the share (which would be GiBs)."""
+    import psutil
+
+    from minite.engines.vllm import memory
+
+    plan = engine.memory
+    assert plan.source == "derived" and plan.engines == 2 and plan.share == pytest.approx(0.4)
+    cfg = engine.llm.llm_engine.vllm_config
+    assert cfg.cache_config.gpu_memory_utilization == pytest.approx(0.4)
+    assert cfg.cache_config.kv_cache_memory_bytes == plan.kv_cache == plan.kv_needed
+    cached_tokens = cfg.cache_config.num_gpu_blocks * cfg.cache_config.block_size
+    seqs = cfg.scheduler_config.max_num_seqs
+    assert seqs == memory.SCHEDULER_SEQS  # the scheduler the cache was sized for
+    blocks_per_seq = -(-cfg.model_config.max_model_len // cfg.cache_config.block_size)
+    assert cached_tokens >= seqs * blocks_per_seq * cfg.cache_config.block_size
+    assert plan.kv_cache < 256 * 1024**2  # MiBs, where the share alone would reserve GiBs
+    # the engine's process stays near its plan: weights, cache and buffers on top of what it held
+    rss = psutil.Process().memory_info().rss
+    assert rss < plan.process_rss + plan.needs + 1024**3, (rss, plan)
 
 
 def test_generate_well_formed(engine, ref):

@@ -225,9 +225,9 @@ def _capture_attention(model):
 
 
 def test_rope_and_attention_match_reference(engine, reference):
-    """With the recipe's rope/attention swaps (minite: fp32 RoPE, float64 core), vLLM's attention block
-    reproduces the reference's `AlignedAttention` bit for bit from the same hidden states: q/k/v
-    projections and norms, RoPE, the core reading K/V back from vLLM's paged cache, for a prompt prefill
+    """With the recipe's rope/attention swaps (minite: fp32 RoPE, the fixed core: float64 on CPU), vLLM's
+    attention block reproduces the reference's `AlignedAttention` bit for bit from the same hidden states:
+    q/k/v projections and norms, RoPE, the core reading K/V back from vLLM's paged cache, for a prompt prefill
     and for decoded tokens (one query against the cache) alike."""
     from minite.engines.vllm.engine import _Fp32Rope
     from minite.nn.attention import AlignedAttention

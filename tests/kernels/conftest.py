@@ -17,6 +17,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     os.environ["TRITON_INTERPRET"] = "1"
     for _name in (
         "minite.kernels._triton",
+        "minite.kernels.quantize_kernels",
         "minite.kernels.quantize",
         "minite.kernels.decode",
         "minite.kernels.gemm",
@@ -27,6 +28,7 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         "minite.kernels.qk_norm_rope",
         "minite.kernels.routing",
         "minite.kernels.attention",
+        "minite.kernels.attention_bwd",
         "minite.kernels.router",
         "minite.kernels.bf16_gemm",
         "minite.kernels",

@@ -152,7 +152,7 @@ def test_aligned_attention_fused_path_equals_op_by_op(seq, device, monkeypatch):
     monkeypatch.setattr(dispatch, "use_kernels", lambda *ts: True)
     cfg = build_tiny_config(num_hidden_layers=1)
     attn = build_tiny_model(cfg, seed=0).model.layers[0].self_attn.to(device=device, dtype=torch.bfloat16)
-    aligned = AlignedAttention(attn, "fp32", "fp64", RopeTable.from_hf_config(cfg))
+    aligned = AlignedAttention(attn, "fp32", "fixed", RopeTable.from_hf_config(cfg))
     aligned.q_norm, aligned.k_norm = FP32RMSNorm(aligned.q_norm), FP32RMSNorm(aligned.k_norm)
     hkv, d = cfg.num_key_value_heads, aligned.head_dim
     g = torch.Generator().manual_seed(seq)

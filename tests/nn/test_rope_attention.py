@@ -2,8 +2,9 @@
 
 - rope="fp32" is vLLM's CPU rotary arithmetic: the same bf16 cos/sin table and the same fp32 rotate
   with one rounding, checked bit for bit against `torch.ops._C.rotary_embedding` (vLLM tests).
-- attention="fp64" gives the same bf16 result however the work is split: full sequence, padded batch,
-  and vLLM's paged cache path (chunked prefill + decode from shuffled blocks) agree bit for bit.
+- attention="fixed" on CPU (the float64 core) gives the same bf16 result however the work is split: full
+  sequence, padded batch, and vLLM's paged cache path (chunked prefill + decode from shuffled blocks) agree
+  bit for bit. (Its CUDA kernels: tests/kernels/test_attention_kernel.py.)
 - transformers-side swap: per model, parameter names unchanged, "native" steps are transformers' own.
 """
 
@@ -19,11 +20,11 @@ from minite.nn.attention import (
     RopeTable,
     apply_rope_fp32,
     apply_rope_fp32_ref,
-    attention_fp64,
     causal_keep,
     rope_cos_sin_table,
     rope_inv_freq,
 )
+from minite.nn.attention_fp64 import attention_fp64
 from minite.nn.swap import apply_numerics
 from minite.recipes import BF16, MINITE
 
@@ -220,14 +221,14 @@ def test_fp64_attention_decode_equals_full_sequence():
 
 @pytest.mark.parametrize("budget", [None, 1], ids=["batched", "one_request_per_batch"])
 def test_vllm_paged_path_chunked_prefill_and_decode_equal_full_sequence(budget, monkeypatch):
-    """VLLMSampler's attention='fp64' layer functions on a fake paged cache: two requests, shuffled
+    """VLLMSampler's attention='fixed' layer functions (CPU: the float64 core) on a fake paged cache: two
+    requests, shuffled
     block tables, chunked prefill then decode, requests padded into one batch or one at a time;
     unwritten slots hold NaN and must never be read."""
-    from minite.engines.vllm import engine
-    from minite.engines.vllm.engine import _fp64_attention_forward, _fp64_kv_cache_update
+    from minite.engines.vllm import attention as vattn
 
     if budget is not None:
-        monkeypatch.setattr(engine, "_FP64_LOGITS_BUDGET", budget)
+        monkeypatch.setattr(vattn, "FP64_LOGITS_BUDGET", budget)
 
     lengths = [20, 37]
     qs, ks, vs = _qkv(lengths, seed=3)
@@ -246,7 +247,7 @@ def test_vllm_paged_path_chunked_prefill_and_decode_equal_full_sequence(budget, 
             ]
         )
         slots = torch.cat((slots, torch.tensor([-1])))  # a padding token without a slot
-        _fp64_kv_cache_update(impl, None, torch.cat((k, k[:1])), torch.cat((v, v[:1])), cache, slots)
+        vattn.kv_cache_update(impl, None, torch.cat((k, k[:1])), torch.cat((v, v[:1])), cache, slots)
         meta = SimpleNamespace(
             query_start_loc=torch.tensor([0, b0 - a0, b0 - a0 + b1 - a1], dtype=torch.int32),
             seq_lens=torch.tensor([b0, b1], dtype=torch.int32),
@@ -254,7 +255,7 @@ def test_vllm_paged_path_chunked_prefill_and_decode_equal_full_sequence(budget, 
             causal=True,
         )
         out = torch.empty_like(q)
-        _fp64_attention_forward(impl, None, q, k, v, cache, meta, out)
+        vattn.attention_forward(impl, None, q, k, v, cache, meta, out)
         got[0][a0:b0], got[1][a1:b1] = out[: b0 - a0], out[b0 - a0 :]
     for i in range(2):
         assert torch.equal(got[i], _full(qs[i], ks[i], vs[i]))
@@ -275,7 +276,7 @@ def test_swap_only_when_asked_and_native_steps_are_transformers(tiny_model):
     apply_numerics(aligned, MINITE.trainer)
     assert list(aligned.state_dict()) == names
     attn = aligned.model.layers[0].self_attn
-    assert isinstance(attn, AlignedAttention) and (attn.rope, attn.attention) == ("fp32", "fp64")
+    assert isinstance(attn, AlignedAttention) and (attn.rope, attn.attention) == ("fp32", "fixed")
 
     # "native" for both steps reproduces transformers exactly (padded batch, SDPA masks)
     wrapped = copy.deepcopy(plain)
@@ -300,8 +301,8 @@ def test_aligned_trainer_matches_builtin_sampler_decode():
 
     recipe = replace(
         BF16,
-        trainer=replace(BF16.trainer, rope="fp32", attention="fp64"),
-        sampler=replace(BF16.sampler, rope="fp32", attention="fp64"),
+        trainer=replace(BF16.trainer, rope="fp32", attention="fixed"),
+        sampler=replace(BF16.sampler, rope="fp32", attention="fixed"),
     )
     cfg = build_tiny_config(initializer_range=0.1, num_hidden_layers=2)
     policy = build_tiny_model(cfg, seed=0)

@@ -1,11 +1,13 @@
 """Process faults: `minite train` killed with SIGKILL, then `minite train --resume`, ends exactly where an
-uninterrupted run with the same seed ends (issue 10).
+uninterrupted run with the same seed ends.
 
 The kills are real: MINITE_FAULT_INJECT (minite/faultinject.py) makes the `minite train` subprocess
 send itself SIGKILL at a named point of the code (mid-step, inside a checkpoint write, between the
-two renames of a checkpoint swap, inside the MLflow write session): no `finally`, no atexit, no
-flush. After each kill the test checks what is on disk (the checkpoint that a resume would load
-verifies against its manifest, and is the one from before the fault), then resumes and compares the
+two renames of a checkpoint swap, inside the live MLflow logging of a step): no `finally`, no
+atexit, no flush. The MLflow runs go to a real `mlflow server` (tests/mlflow_server.py): the killed
+job's run is RUNNING with the steps it streamed, and the resume continues that same run. After each
+kill the test checks what is on disk (the checkpoint that a resume would load verifies against its
+manifest, and is the one from before the fault), then resumes and compares the
 final weights (safetensors bytes), optimizer state and every metrics.jsonl row with the uninterrupted
 reference run (only the `time/*` fields may differ).
 
@@ -29,6 +31,7 @@ from safetensors.torch import load_file
 
 from minite.checkpoint import find_checkpoint, verify_checkpoint
 from minite.faultinject import ENV as FAULT_ENV
+from tests.mlflow_server import tags_of
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 4, 2  # checkpoints after steps 2 and 4
@@ -173,37 +176,62 @@ def test_kill_between_checkpoint_renames_twice_then_resume(inputs, reference):
     _assert_same_as_reference(out, reference)
 
 
-def test_kill_during_mlflow_logging_then_resume(inputs, reference):
-    from mlflow.tracking import MlflowClient
+def _live_run(rest, experiment: str) -> dict:
+    """The one run of the experiment (keyed rl/minite/seed0), as the server's REST API shows it."""
+    runs = rest.runs(experiment)
+    assert len(runs) == 1, [tags_of(r).get("minite.key") for r in runs]
+    assert tags_of(runs[0])["minite.key"] == "rl/minite/seed0"
+    return runs[0]
 
-    from minite.tracking import KEY_TAG
 
-    cfg = _config(inputs, "mlflow")
-    out = inputs["root"] / "mlflow"
-    uri = f"sqlite:///{inputs['root'] / 'mlflow.db'}"
-    log = ("--mlflow-experiment", "kill_resume")
-    # training finishes, then the MLflow write session is killed after its run and params exist
-    _assert_killed(
-        _minite_train(cfg, *log, fault="mlflow_log:1", env={"MLFLOW_TRACKING_URI": uri}), "mlflow_log"
-    )
-    assert _checkpoint_step(out) == (out / "checkpoint", STEPS)
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("kill_resume")
-    this_run = f"tags.`{KEY_TAG}` = 'rl/minite/seed0'"
-    (dead,) = client.search_runs([exp.experiment_id], filter_string=this_run)
-    assert dead.info.status == "RUNNING" and not dead.data.metrics  # the killed session's remains
-    # resume: no step left to run; logs again (the lock the dead process held is free; its run replaced)
-    _assert_ok(_minite_train(cfg, "--resume", *log, env={"MLFLOW_TRACKING_URI": uri}))
-    _assert_same_as_reference(out, reference)
-    (run,) = client.search_runs([exp.experiment_id], filter_string=this_run)  # exactly one
-    assert run.info.status == "FINISHED" and run.info.run_id != dead.info.run_id
-    assert client.get_run(dead.info.run_id).info.lifecycle_stage == "deleted"
+def _assert_mlflow_holds_every_row_once(rest, run: dict, out: Path) -> None:
+    """Every numeric field of every metrics.jsonl row at its step, exactly once; values equal except
+    `time/*` (a resume recomputes the steps after its checkpoint, and keeps the values first logged)."""
     rows = _rows(out)
     keys = sorted({k for r in rows for k, v in r.items() if k != "step" and isinstance(v, int | float)})
     assert len(keys) > 30
-    for k in keys:  # every per-step metric of metrics.jsonl, at its step, nothing lost
-        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
-        assert history == [(r["step"], float(r[k])) for r in rows if k in r], k
+    for k in keys:
+        history = rest.history(run["info"]["run_id"], k)
+        want = [(r["step"], float(r[k])) for r in rows if k in r]
+        assert [s for s, _ in history] == [s for s, _ in want], k  # each step once, none missing
+        if not k.startswith("time/"):
+            assert history == want, k
+
+
+def _killed_then_resumed(inputs, reference, mlflow_server, name: str, fault: str, point: str):
+    cfg = _config(inputs, name)
+    out = inputs["root"] / name
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.uri}
+    log = ("--mlflow-experiment", f"kill_resume_{name}")
+    _assert_killed(_minite_train(cfg, *log, fault=fault, env=env), point)
+    assert _checkpoint_step(out)[1] == 2
+    rest = mlflow_server.rest
+    dead = _live_run(rest, log[1])  # the killed job's run: opened at its start, left RUNNING by SIGKILL
+    assert dead["info"]["status"] == "RUNNING" and int(dead["info"]["start_time"]) > 0
+    params = {p["key"]: p["value"] for p in dead["data"]["params"]}
+    assert params["steps"] == str(STEPS) and params["recipe"] == "minite"  # params logged at once
+    logged = [s for s, _ in rest.history(dead["info"]["run_id"], "reward_mean")]
+    assert logged and logged == list(range(len(logged))) and len(logged) <= 3, logged  # as they happened
+    _assert_ok(_minite_train(cfg, "--resume", *log, env=env))
+    _assert_same_as_reference(out, reference)
+    run = _live_run(rest, log[1])
+    assert run["info"]["run_id"] == dead["info"]["run_id"]  # the same run, continued
+    assert run["info"]["status"] == "FINISHED" and tags_of(run)["minite.resumes"] == "1"
+    _assert_mlflow_holds_every_row_once(rest, run, out)
+    ref = json.loads((out / "mlflow_run.json").read_text())
+    assert ref["run_id"] == run["info"]["run_id"] and ref["status"] == "FINISHED"
+
+
+def test_kill_mid_step_with_live_mlflow_then_resume(inputs, reference, mlflow_server):
+    # step 3 is killed after its update: steps 0-2 are in metrics.jsonl and (streamed) in MLflow; the
+    # resume recomputes step 2 (after the step-2 checkpoint) and must not log it a second time
+    _killed_then_resumed(inputs, reference, mlflow_server, "mlflow_step", "step:4", "step")
+
+
+def test_kill_during_mlflow_logging_then_resume(inputs, reference, mlflow_server):
+    # killed right after step 2's metrics went to MLflow's async queue (sent or not), before its
+    # checkpoint: the resume continues the run, and step 2 ends up in it exactly once either way
+    _killed_then_resumed(inputs, reference, mlflow_server, "mlflow_log", "mlflow_log:3", "mlflow_log")
 
 
 def test_fault_spec_is_validated(monkeypatch):

@@ -148,7 +148,8 @@ def test_resume_hashes_each_checkpoint_file_once(tiny_inputs, tmp_path, monkeypa
 @pytest.mark.parametrize("frac", [None, 0.4])
 def test_vllm_memory_share_reaches_the_engine(tiny_inputs, tmp_path, monkeypatch, frac):
     """`rl.sampler.gpu_memory_utilization` goes to `minite train`'s vLLM engine; unset, nothing is
-    passed (vLLM's default, as before the key existed)."""
+    passed (the engine derives its share: minite.engines.vllm.memory), and the engine knows whether
+    the learner shares its device."""
     import minite.engines.vllm.engine as engine
     from minite.recipes import get_recipe
     from minite.rl.loop import SamplerConfig, make_sampler
@@ -162,6 +163,7 @@ def test_vllm_memory_share_reaches_the_engine(tiny_inputs, tmp_path, monkeypatch
     monkeypatch.setattr(engine, "VLLMSampler", Recorder)
     cfg = _cfg(tiny_inputs, tmp_path, sampler=SamplerConfig(engine="vllm", gpu_memory_utilization=frac))
     make_sampler(cfg, None, get_recipe("minite"), None)
+    assert seen["learner_on_device"] is False  # a CPU run
     if frac is None:
         assert "gpu_memory_utilization" not in seen
     else:

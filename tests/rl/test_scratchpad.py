@@ -107,7 +107,8 @@ def test_jsonl_roundtrip_keeps_target_and_format(tmp_path):
     train, _ = scratchpad.generate(TaskConfig(seed=0, n_train=10, n_eval=0, format="scratchpad"))
     save_jsonl(train, tmp_path / "t.jsonl")
     first = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
-    assert set(first) == {"prompt", "answer", "target", "format"}
+    assert set(first) == {"prompt", "answer", "target", "format", "data_source"}
+    assert first["data_source"] == "scratchpad"  # reward.name: auto picks the scratchpad reward
     assert load_jsonl(tmp_path / "t.jsonl") == train
 
 

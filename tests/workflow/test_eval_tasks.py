@@ -93,3 +93,26 @@ def test_tiny_scratchpad_grades_like_the_rl_reward(tmp_path):
     expected = sum(reward(resp, r["answer"]) for r, resp in rows) / len(rows)
     assert expected == pytest.approx(4 / 6)
     assert got == pytest.approx(expected)
+
+
+def test_paper_profiles_point_lm_evals_math_tasks_at_the_right_splits():
+    """paper and paper-mini name lm-eval's own aime24 / aime25 / minerva_math500 with a local file for
+    the split each YAML reads; paper-mini's are the files its prepare stage writes."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from minite.evals.harness import task_manager
+    from minite.profiles import load_profile
+    from minite.rl.prepare import EVAL_FILES
+
+    specs = {t["name"]: t for t in load_profile("paper")["eval"]["tasks"]}
+    tm = task_manager(list(specs.values()))
+    for name, spec in specs.items():
+        split = load_yaml(tm.task_index[name].yaml_path, resolve_func=False)["test_split"]  # after include
+        assert list(spec["data_files"]) == [split], name
+    mini = {t["name"]: t["data_files"] for t in load_profile("paper-mini")["eval"]["tasks"]}
+    prep = "results/paper-mini/prepare/eval"
+    assert mini == {
+        "aime24": {"train": f"{prep}/{EVAL_FILES['aime24']}"},
+        "aime25": {"test": f"{prep}/{EVAL_FILES['aime25']}"},
+        "minerva_math500": {"test": f"{prep}/{EVAL_FILES['math500']}"},
+    }

@@ -47,6 +47,7 @@ def _fake_results(root: Path) -> dict:
                         "steps": 6,
                         "rollout": {"prompts_per_step": 4},
                         "grpo": {"group_size": 2},
+                        "sampler": {"engine": "vllm", "dtype": "bfloat16"},
                     }
                 )
             )
@@ -79,6 +80,8 @@ def _fake_results(root: Path) -> dict:
                         "ablation": abl,
                         "seed": seed,
                         "tasks": {"tiny_arith": {"exact_match": 0.5, "exact_match_stderr": 0.05}},
+                        # one run's evals on another engine than its RL: the tables must say so
+                        "engine": "builtin" if run == "te_nvfp4" else "vllm",
                         "mlflow": {"run_id": f"ev{run}{seed}".ljust(32, "0")},
                     }
                 )
@@ -128,7 +131,7 @@ def _fake_results(root: Path) -> dict:
 
 def test_figures_tables_and_report(tmp_path):
     pytest.importorskip("seaborn")
-    from minite.figures import build
+    from minite.figures.build import build
     from minite.paper import build_report
 
     res = _fake_results(tmp_path)
@@ -162,9 +165,17 @@ def test_figures_tables_and_report(tmp_path):
     ]
     tpt = (tmp_path / "tab" / "throughput.csv").read_text().splitlines()
     minite_row = next(line for line in tpt if line.startswith("minite"))
-    assert ",300.0,3.0,16.66" in minite_row and ",builtin,16,cpu," in minite_row
+    assert ",trainer,300.0,3.0,16.66" in minite_row and ",builtin,16,cpu," in minite_row
     main = (tmp_path / "tab" / "main.md").read_text()
     assert "minite (aligned)" in main and "bf160000" in main  # MLflow run id prefix in each row
+    # the engine of every row's numbers, from the result files: RL config, eval records
+    assert "| sampler engine |" in main.splitlines()[0].replace("| recipe ", "")
+    rows = {line.split(" | ")[0].strip("| "): line for line in main.splitlines()[2:]}
+    assert (
+        " | vllm | " in rows["minite (aligned)"] and " | RL vllm, eval builtin | " in rows["te_nvfp4 (naive)"]
+    )
+    compute = (tmp_path / "tab" / "compute.csv").read_text().splitlines()
+    assert compute[0].startswith("stage,job,engine,") and compute[1].startswith("rl,bf16/seed0,vllm,")
     abl = (tmp_path / "tab" / "ablations.csv").read_text().splitlines()
     tis = next(line for line in abl if line.startswith("te_nvfp4_tis"))
     assert "te_nvfp4" in tis and "objective (TIS)" in tis
@@ -177,10 +188,15 @@ def test_figures_tables_and_report(tmp_path):
         tables_dir=tmp_path / "tab",
         out_dir=tmp_path / "paper",
         throughput=res["throughput"],
+        run_config=res["rl"][0] / "config.json",
     )
     text = report.read_text()
     for fig in ("rl_curves", "mismatch", "throughput", "ablations"):
         assert f"(figures/{fig}.png)" in text and (tmp_path / "paper" / "figures" / f"{fig}.png").is_file()
     assert "MLflow runs:" in text and "CPU" in text
     assert "minite (aligned) learner ×3.00 / rollout ×0.33" in text
+    assert "with vLLM as the sampler" in text and "; rollout on the built-in engine)" in text
+    assert "the recipe's own sampler on the built-in engine and vLLM)" in text
+    setup = next(line for line in text.splitlines() if line.startswith("| sampler engine |"))
+    assert "RL vllm, eval builtin+vllm, throughput rollout builtin (bfloat16); learner: the trainer" in setup
     assert "**Table 1.**" in text and "| recipe |" in text

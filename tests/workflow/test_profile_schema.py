@@ -17,7 +17,7 @@ from minite.profiles import (
     run_names,
 )
 
-PROFILES = ["tiny", "test", "h200", "paper"]
+PROFILES = ["tiny", "tiny-builtin", "test", "h200", "paper"]
 RUN_KEYS = {"model_dir", "data_dir", "out_dir", "recipe", "seed"}
 
 

@@ -3,6 +3,7 @@ exactly what they should; a bad config stops Snakemake with an actionable messag
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -11,7 +12,7 @@ from minite.profiles import load_profile, run_names, run_seeds
 from tests.workflow.workflow_helpers import planned_jobs, snakemake
 
 
-@pytest.mark.parametrize("profile", ["tiny", "test", "h200", "paper"])
+@pytest.mark.parametrize("profile", ["tiny", "tiny-builtin", "test", "h200", "paper"])
 def test_dry_run_plans_every_profile(profile, workdir):
     res = snakemake("-n", "--config", f"profile={profile}", workdir=workdir, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
@@ -74,3 +75,52 @@ def test_rl_rule_launches_train_dist_for_multi_process_jobs(config, threads, npr
         else:  # torchrun through the verb, with the arguments of `minite train`
             assert f"minite.cli train-dist --nproc-per-node {nproc} --config " in cmd, cmd
         assert "--mlflow-experiment" in cmd and "--out results/" in cmd
+
+
+def _jobs_with_commands(stdout: str) -> list[tuple[str, str, str]]:
+    """(rule, resources line, shell command) of every job in a `snakemake -n -p` listing."""
+    out, rule, res = [], None, ""
+    for line in stdout.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):\s*$", line):
+            rule, res = m.group(1), ""
+        elif line.strip().startswith("resources:"):
+            res = line.strip()
+        elif line.startswith("Shell command:") and rule:
+            out.append((rule, res, line))
+    return out
+
+
+ENGINE_RULES = {"rl", "eval", "eval_base", "diagnose", "throughput_rollout"}
+
+
+@pytest.mark.parametrize(
+    ("profile", "args", "at_once"),
+    [
+        (
+            "test",
+            ["--cores", "2"],
+            {"rl": 2, "eval": 2, "eval_base": 2, "diagnose": 2, "throughput_rollout": 1},
+        ),
+        ("test", ["--cores", "2", "--resources", "vllm_engine=1"], dict.fromkeys(ENGINE_RULES, 1)),
+        (
+            "test",
+            ["--cores", "5"],
+            {"rl": 5, "eval": 5, "eval_base": 5, "diagnose": 5, "throughput_rollout": 1},
+        ),
+        ("tiny-builtin", ["--cores", "2"], {}),  # no engine job: no vllm_engine held
+    ],
+)
+def test_vllm_engine_jobs_hold_the_resource_and_know_how_many_run_at_once(profile, args, at_once, workdir):
+    """Every job whose stage samples with vLLM holds one `vllm_engine` unit and is told how many engine
+    jobs may run while it runs (MINITE_VLLM_ENGINES: the cores its threads leave over the 1-thread
+    engine jobs, capped by --resources vllm_engine=N); throughput_rollout takes every core, so it runs
+    alone. Other jobs hold none."""
+    res = snakemake("-n", "-p", *args, "--config", f"profile={profile}", workdir=workdir, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    jobs = _jobs_with_commands(res.stdout)
+    assert {r for r, _, _ in jobs} >= ENGINE_RULES | {"prepare", "figures"}
+    for rule, resources, cmd in jobs:
+        holds = "vllm_engine=1" in resources
+        assert holds == (rule in at_once), (rule, resources)
+        if holds:
+            assert f"Shell command: MINITE_VLLM_ENGINES={at_once[rule]} " in cmd, (rule, cmd)

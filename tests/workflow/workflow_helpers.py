@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# the CI miniature's ablation RL job, made longer than the others to be watched live (conftest.py)
+LIVE_RUN, LIVE_STEPS = "minite_reexport_weights", 24
 
 
 def snakemake(

@@ -34,13 +34,10 @@ Choices, and why:
   (tests/nn/test_rope_attention.py). The swap makes the trainer's rounding hold on every platform. The module
   is replaced on this model's attention layers only: vLLM caches rotary modules process-wide
   (`get_rope`), so the shared instance itself is never modified.
-- `attention="fp64"`: each attention layer's backend implementation (`layer.impl`, one per layer of
-  this engine) gets instance-level `forward` / `do_kv_cache_update` (`_fp64_attention_forward`,
-  `_fp64_kv_cache_update`): K/V are written to the layer's paged cache tensor in a plain token-major
-  layout ([block, kv_head, slot, k | v], which the same two functions read back), and every query token
-  (prefill, chunked prefill, decode) is computed by minite.nn.attention `attention_fp64` against its
-  request's cached keys, the core the trainer runs on whole sequences. CPU attention backend only; no
-  sliding window, ALiBi, soft-cap, sinks or quantized KV cache.
+- `attention="fixed"`: each attention layer's backend implementation gets instance-level `forward` /
+  `do_kv_cache_update` that compute minite's fixed attention core against the paged cache, the core the
+  trainer runs on whole sequences: minite.engines.vllm.attention (the Triton kernels on CUDA, the float64
+  core on CPU).
 - Under torchrun (`minite train-dist`) the engine joins the learner's process group through vLLM's
   `distributed_executor_backend="external_launcher"` (every rank builds an engine; ranks r·tp..r·tp+tp-1
   form one tensor-parallel engine; the engines are independent replicas otherwise).
@@ -49,15 +46,24 @@ Choices, and why:
   then releases vLLM's groups but leaves the learner's default process group alone.
 - Eager mode (`enforce_eager=True`) by default: the minite plugin's pure-torch NVFP4 path has
   data-dependent Python control flow, and on CPU compilation costs more start time than it saves.
+- Memory (minite.engines.vllm.memory): unless the caller gives `gpu_memory_utilization`, the engine's
+  share comes from the machine and from how many engines run at once (`engines`, default
+  MINITE_VLLM_ENGINES, which the workflow sets), and on CPU its KV cache is sized to the work. Before
+  vLLM is imported the platform is checked, and before the engine starts the memory it will take is
+  checked against what is available; a start that cannot work, or a vLLM start error of a known
+  cause, raises EngineStartError naming the cause and the fix (minite.engines.vllm.startup). The
+  plan is `VLLMSampler.memory`, and one line on stderr says it once the engine is up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import gc
 import json
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -67,6 +73,8 @@ import torch
 
 from minite.configuration import ConfigError
 from minite.engines.base import Completion, SamplingParams, WeightUpdate
+from minite.engines.vllm import memory, startup
+from minite.engines.vllm.attention import apply_fixed_attention
 from minite.engines.vllm.layout import PACKED_SUFFIXES, fused_group, module_is_quantized, quantization_config
 from minite.nn.norm import rms_norm_fp32
 from minite.recipes import Recipe, get_recipe
@@ -195,135 +203,6 @@ def _apply_rope_fp32(model: torch.nn.Module) -> int:
     return len(owners)
 
 
-def _kv_blocks(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor:
-    """The layer's cache as [block, kv_head, slot, k | v] (the CPU backend allocates exactly that shape)."""
-    if (
-        kv_cache.dim() != 4
-        or kv_cache.shape[1] != impl.num_kv_heads
-        or kv_cache.shape[-1] != 2 * impl.head_size
-    ):
-        raise NotImplementedError(
-            f"attention='fp64' in vLLM: unexpected KV cache shape {tuple(kv_cache.shape)} "
-            f"(expected [blocks, {impl.num_kv_heads}, block_size, {2 * impl.head_size}])"
-        )
-    return kv_cache
-
-
-def _fp64_kv_cache_update(impl: Any, layer: Any, key, value, kv_cache, slot_mapping) -> None:
-    cache = _kv_blocks(impl, kv_cache)
-    n = min(key.shape[0], slot_mapping.shape[0])
-    slots = slot_mapping[:n].long()
-    valid = slots >= 0  # padding tokens have no slot
-    slots, k, v = slots[valid], key[:n][valid], value[:n][valid]
-    block_size, d = cache.shape[2], impl.head_size
-    blocks, offsets = slots // block_size, slots % block_size
-    cache[blocks, :, offsets, :d] = k.to(cache.dtype)  # (n, kv_heads, d)
-    cache[blocks, :, offsets, d:] = v.to(cache.dtype)
-
-
-_FP64_LOGITS_BUDGET = 1 << 24  # padded (requests x heads x queries x keys) per batch: 128 MiB of float64
-
-
-def _fp64_attend(impl: Any, query, cache, meta, requests: list[int], output) -> None:
-    """`attention_fp64` for `requests` (indices into the batch) as one padded batch: each request's
-    queries are the last q_len of its seq_len tokens; K/V are gathered from its blocks. Padding keys are
-    zeroed (unwritten cache slots may hold anything, NaN included) and masked, padding queries dropped."""
-    from minite.nn.attention import attention_fp64
-
-    block_size, d, n_kv = cache.shape[2], impl.head_size, impl.num_kv_heads
-    dev = query.device
-    idx = torch.tensor(requests, device=dev)
-    starts = meta.query_start_loc.to(dev).long()
-    first, q_lens = starts[idx], starts[idx + 1] - starts[idx]
-    seq_lens = meta.seq_lens.to(dev).long()[idx]
-    q_max, s_max = int(q_lens.max()), int(seq_lens.max())
-    n_blocks = -(-s_max // block_size)
-    kv = cache[meta.block_table[idx, :n_blocks].long()]  # (R, blocks, kv_heads, slot, 2d)
-    kv = kv.transpose(1, 2).reshape(len(requests), n_kv, n_blocks * block_size, 2 * d)[:, :, :s_max]
-    key_pos = torch.arange(s_max, device=dev)
-    key_ok = key_pos[None, :] < seq_lens[:, None]  # (R, S)
-    kv = torch.where(key_ok[:, None, :, None], kv, torch.zeros((), dtype=kv.dtype, device=dev))
-    qi = torch.arange(q_max, device=dev)
-    q_ok = qi[None, :] < q_lens[:, None]  # (R, Q)
-    q = query[(first[:, None] + qi[None, :]).clamp(max=query.shape[0] - 1)].transpose(1, 2)  # (R, Hq, Q, d)
-    keep = key_ok[:, None, :] & q_ok[:, :, None]  # (R, Q, S)
-    if meta.causal:
-        q_pos = (seq_lens - q_lens)[:, None] + qi[None, :]
-        keep = keep & (key_pos[None, None, :] <= q_pos[:, :, None])
-    out = attention_fp64(q, kv[..., :d], kv[..., d:], keep[:, None], impl.scale).transpose(
-        1, 2
-    )  # (R, Q, Hq, d)
-    rows = (first[:, None] + qi[None, :])[q_ok]
-    output[rows] = out[q_ok].to(output.dtype)
-
-
-def _fp64_attention_forward(
-    impl: Any,
-    layer: Any,
-    query,
-    key,
-    value,
-    kv_cache,
-    attn_metadata,
-    output,
-    output_scale=None,
-    output_block_scale=None,
-):
-    """Every request's new query tokens against its cached keys (written by `_fp64_kv_cache_update`
-    before this runs). Requests go in padded batches (sorted by query count, a batch closed before its
-    padded float64 logits would exceed `_FP64_LOGITS_BUDGET` elements), so decode steps are one batch
-    and long prefills go alone. The float64 core makes the result independent of this grouping."""
-    if output_scale is not None or output_block_scale is not None:
-        raise NotImplementedError("attention='fp64' in vLLM: fused output quantization")
-    if attn_metadata is None:  # profiling / warm-up run
-        return output
-    cache = _kv_blocks(impl, kv_cache)
-    starts = attn_metadata.query_start_loc.tolist()
-    seq_lens = attn_metadata.seq_lens.tolist()
-    q_lens = [starts[r + 1] - starts[r] for r in range(len(seq_lens))]
-    group: list[int] = []
-    q_max = s_max = 0
-    for r in sorted(
-        (r for r in range(len(seq_lens)) if q_lens[r] > 0), key=lambda r: (q_lens[r], seq_lens[r])
-    ):
-        qm, sm = max(q_max, q_lens[r]), max(s_max, seq_lens[r])
-        if group and (len(group) + 1) * qm * sm * impl.num_heads > _FP64_LOGITS_BUDGET:
-            _fp64_attend(impl, query, cache, attn_metadata, group, output)
-            group, qm, sm = [], q_lens[r], seq_lens[r]
-        group.append(r)
-        q_max, s_max = qm, sm
-    if group:
-        _fp64_attend(impl, query, cache, attn_metadata, group, output)
-    return output
-
-
-def _apply_fp64_attention(model: torch.nn.Module) -> int:
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
-
-    count = 0
-    for module in [m for m in model.modules() if isinstance(m, Attention)]:
-        impl = module.impl
-        unsupported = {
-            "backend": not isinstance(impl, CPUAttentionBackendImpl),
-            "attention type": getattr(impl, "attn_type", "decoder") != "decoder",
-            "sliding window": getattr(impl, "sliding_window", -1) not in (-1, None),
-            "ALiBi": getattr(impl, "alibi_slopes", None) is not None,
-            "soft-cap": bool(getattr(impl, "logits_soft_cap", 0)),
-            "sinks": getattr(impl, "sinks", None) is not None,
-            "quantized KV cache": getattr(impl, "kv_cache_dtype", "auto") != "auto",
-        }
-        bad = [k for k, v in unsupported.items() if v]
-        if bad:
-            raise NotImplementedError(
-                f"attention='fp64' in vLLM: {module.layer_name} ({type(impl).__name__}) has unsupported {bad}"
-            )
-        impl.forward = functools.partial(_fp64_attention_forward, impl)  # instance-level: this layer only
-        impl.do_kv_cache_update = functools.partial(_fp64_kv_cache_update, impl)
-        count += 1
-    return count
-
-
 class VLLMSampler:
     """Sampler on vLLM; see the module docstring. `recipe` is a Recipe or a registered name."""
 
@@ -336,8 +215,13 @@ class VLLMSampler:
         seed: int = 0,
         max_model_len: int = 1024,
         enforce_eager: bool = True,
+        engines: int | None = None,
+        learner_on_device: bool = False,
         **engine_kwargs: Any,
     ) -> None:
+        """`engines`: vLLM engines that run at once on this device, this one included (default
+        MINITE_VLLM_ENGINES, else 1); `learner_on_device`: the learner shares this engine's GPU (a
+        smaller share there). `gpu_memory_utilization` in `engine_kwargs` is the user's share and wins."""
         self.recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
         self.model_dir = Path(model_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
@@ -360,32 +244,62 @@ class VLLMSampler:
             # the swaps below act on the eager model; a compiled graph would keep vLLM's own ops
             raise ConfigError("VLLMSampler: the recipe's rope / attention swaps need enforce_eager=True")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: see module docstring
-        from vllm import LLM
+        t0 = time.perf_counter()
+        startup.check_platform()
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise startup.EngineStartError(
+                f"vLLM cannot be imported ({e}): reinstall it (`bash scripts/setup.sh`), "
+                f"{startup.BUILTIN_FIX}"
+            ) from e
 
         from minite.engines.vllm.plugin import register
 
         register()
-        t0 = time.perf_counter()
-        self.llm = LLM(
-            model=str(self.model_dir),
-            dtype=dtype,
-            seed=seed,
+        self.memory = memory.plan(
+            self.model_dir,
             max_model_len=max_model_len,
-            skip_tokenizer_init=True,
-            logprobs_mode=LOGPROBS_MODE,
-            enforce_eager=enforce_eager,
-            **engine_kwargs,
+            dtype=dtype,
+            user_share=engine_kwargs.pop("gpu_memory_utilization", None),
+            engines=engines,
+            learner_on_device=learner_on_device,
         )
+        startup.check(self.memory)
+        try:
+            self.llm = LLM(
+                model=str(self.model_dir),
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                skip_tokenizer_init=True,
+                logprobs_mode=LOGPROBS_MODE,
+                enforce_eager=enforce_eager,
+                **self.memory.engine_kwargs(),
+                **engine_kwargs,
+            )
+        except Exception as e:
+            known = startup.explain(e, self.memory)
+            if known is None:
+                raise
+            raise known from e
         spec = self.recipe.sampler
         if spec.fp32_norm:
             self.llm.apply_model(_apply_fp32_norm)
         for wanted, swap in (
             (spec.rope == "fp32", _apply_rope_fp32),
-            (spec.attention == "fp64", _apply_fp64_attention),
+            (spec.attention == "fixed", apply_fixed_attention),
         ):
             if wanted and not all(self.llm.apply_model(swap)):
                 raise NotImplementedError(f"{swap.__name__}: found no layer to swap in {self.model_dir}")
         self.start_seconds = time.perf_counter() - t0
+        up = datetime.datetime.now().isoformat(timespec="seconds")
+        print(
+            f"minite: vLLM engine ({self.recipe.name}) up at {up} after {self.start_seconds:.1f} s; "
+            f"{self.memory.describe()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # --- introspection ---------------------------------------------------------------------------------
 
