@@ -312,7 +312,10 @@ def _cross_check(cfg, layers, configs_dir) -> list[str]:
             )
     runs = set(cfg["recipes"]) | set(cfg.get("ablations") or [])
     for name in cfg.get("run_overrides") or {}:
-        if name not in runs:
+        # a run this profile could have but does not select (`ablations` narrowed by an overlay or
+        # --config) keeps its override unused; only a name that is no run at all is a typo
+        known = (rdir / f"{name}.yaml").is_file() or (adir / f"{name}.yaml").is_file()
+        if name not in runs and not known:
             close = difflib.get_close_matches(name, sorted(runs), n=1)
             did = f" (did you mean {close[0]!r}?)" if close else ""
             msgs.append(

@@ -46,3 +46,29 @@ def test_errors_name_the_key(over, expected):
         load_profile("tiny", {"ablations": ["te_nvfp4_tis"], "run_overrides": over})
     for part in expected:
         assert part in str(e.value), (part, str(e.value))
+
+
+def test_an_override_of_a_run_not_selected_stays_unused():
+    """Narrowing `ablations` (an overlay, --config) keeps the profile's overrides of the runs it drops:
+    they are real runs, not typos, and change nothing."""
+    cfg = load_profile(
+        "tiny",
+        {"ablations": ["te_nvfp4_tis"], "run_overrides": {"minite_bf16_router": {"seeds": [0]}}},
+    )
+    assert cfg["ablations"] == ["te_nvfp4_tis"]
+    assert run_seeds(cfg, "te_nvfp4_tis") == cfg["ablation_seeds"]
+
+
+def test_the_claims_core_overlay_plans(tmp_path):
+    """configs/experiments/claims_core.yaml over the claims profile: the arms and horizons it states."""
+    from minite.configuration import load_yaml
+    from minite.profiles import REPO
+
+    over = load_yaml(REPO / "configs" / "experiments" / "claims_core.yaml")
+    cfg = load_profile("claims", over)
+    assert run_seeds(cfg, "minite") == [0, 1, 2] and resolve_run(cfg, "minite")["rl"]["steps"] == 300
+    assert (
+        run_seeds(cfg, "te_nvfp4_mis") == [0, 1, 2] and resolve_run(cfg, "te_nvfp4_mis")["rl"]["steps"] == 50
+    )
+    assert run_seeds(cfg, "minite_noise_10") == [0]
+    assert set(cfg["claims"]["dose_response"]) <= set(cfg["ablations"])
