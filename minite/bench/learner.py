@@ -57,27 +57,16 @@ from torch import nn
 
 from minite.bench.throughput import Clock, bench_device, device_info, environment, synthetic_batch
 from minite.configuration import ConfigError
+from minite.models.qwen3 import QWEN3_30B_A3B as _QWEN3_CONFIG
 from minite.recipes import Recipe, get_recipe
 
 GIB = 1024**3
 EXTRAPOLATE_LAYERS = 48
 
+# Qwen3-30B-A3B's architecture and sizes (minite.models.qwen3: its config.json), without the token ids
+# (the toy vocab below is smaller than they are), every layer a MoE layer
 QWEN3_30B_A3B: dict[str, Any] = {
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 768,
-    "intermediate_size": 6144,
-    "vocab_size": 151936,
-    "num_hidden_layers": 48,
-    "max_position_embeddings": 40960,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
-    "rms_norm_eps": 1e-6,
-    "norm_topk_prob": True,
-    "tie_word_embeddings": False,
+    **{k: v for k, v in _QWEN3_CONFIG.items() if not k.endswith("token_id")},
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
 }

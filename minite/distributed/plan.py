@@ -40,33 +40,18 @@ from typing import Any
 
 import torch
 
-GIB = 1024**3
+from minite.models.qwen3 import QWEN3_30B_A3B  # noqa: F401 - Qwen3-30B-A3B's config.json, one copy
 
-# Qwen3-30B-A3B (config.json of the released checkpoint): its sizes; the architecture fields it shares
-# with every Qwen3-MoE built here are minite.models.tiny.QWEN3_MOE_ARCH
-QWEN3_30B_A3B: dict[str, Any] = dict(
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,
-    num_hidden_layers=48,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    moe_intermediate_size=768,
-    num_experts=128,
-    num_experts_per_tok=8,
-    max_position_embeddings=40960,
-    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-)
+GIB = 1024**3
 
 NVFP4_BYTES = 0.5 + 1 / 16  # 4-bit element + one E4M3 scale per 16 elements
 H200_GIB = 140.0  # 143,771 MiB reported; leave the runtime's share
 
 
 def qwen3_30b_a3b_config(**overrides: Any):
-    from minite.models.tiny import qwen3_moe_config
+    from minite.models.qwen3 import qwen3_config
 
-    return qwen3_moe_config(QWEN3_30B_A3B, **overrides)
+    return qwen3_config(**overrides)
 
 
 def _dims(cfg) -> dict[str, int]:

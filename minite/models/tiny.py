@@ -44,7 +44,7 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 # What every Qwen3-MoE built here shares with the released Qwen3-30B-A3B (its config.json); a model's
-# settings (this tiny one, minite.distributed.plan.QWEN3_30B_A3B) give only its sizes and ids
+# settings (this tiny one, minite.models.qwen3.QWEN3_30B_A3B) give only its sizes and ids
 QWEN3_MOE_ARCH: dict[str, Any] = dict(
     norm_topk_prob=True,
     decoder_sparse_step=1,
