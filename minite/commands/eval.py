@@ -104,11 +104,6 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--max-model-len", type=int, help="the sampler's context (prompt + generation); default the run's"
     )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        help="vLLM's memory share (fraction of the GPU; on CPU of the node's memory); default the run's",
-    )
     p.add_argument("--mlflow-experiment", help="log the eval as an MLflow run in this experiment")
     p.add_argument("--mlflow-run-name")
     args = p.parse_args(argv)
