@@ -122,11 +122,14 @@ def vllm_engines(stage):
     its own threads leave, over the fewest threads any engine job takes, capped by --resources
     vllm_engine=N; 1 under a cluster executor (each job its own allocation) and for a stage whose
     jobs have GPUs of their own (MINITE_GPU_SLOTS)."""
-    if not workflow.local_exec:
+    if not workflow.local_exec or workflow.remote_exec:
         return 1
     if job(stage, "gpus") and os.environ.get("MINITE_GPU_SLOTS"):
         return 1
-    cores = workflow.cores or 1
+    try:
+        cores = workflow.cores or 1
+    except WorkflowError:  # a cluster executor's main process has no --cores (all_cores)
+        return 1
 
     def threads(s):  # as the rules ask (throughput: every core, unless jobs.throughput.threads)
         return min(cores, threads_of(s, cores if s == "throughput" else 1))
