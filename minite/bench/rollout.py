@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from minite.bench.learner import (
+from minite.bench.model import (
     EXTRAPOLATE_LAYERS,
     Source,
     describe,

@@ -173,6 +173,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
     from minite.bench import learner as L
     from minite.bench import rollout as R
+    from minite.bench.model import parse_recipe
     from minite.tracking import job_run
 
     if args.threads:
@@ -189,7 +190,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
             system_metrics=True,
         )
     with job_cm as job:
-        recipes = [L.parse_recipe(r) for r in args.recipes]
+        recipes = [parse_recipe(r) for r in args.recipes]
         kw: dict[str, Any] = dict(
             shape=args.shape,
             layers=args.layers,

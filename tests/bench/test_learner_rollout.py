@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from minite.bench.learner import TOY, build_model, layers_that_fit, param_counts, parse_recipe
+from minite.bench.model import TOY, build_model, layers_that_fit, param_counts, parse_recipe
 from minite.bench.rollout import Decoder, build_sampler
 from minite.bench.throughput import Clock
 from minite.cli import main
