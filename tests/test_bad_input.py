@@ -751,7 +751,8 @@ def test_valid_baseline_passes_the_same_checks(tiny_inputs, tmp_path):
     """The rows above each break one thing of this config; unbroken, it passes every pre-flight check
     (so each failure above is caused by its one mistake), and a bf16 recipe accepts model dims that a
     quantized recipe refuses (the dims check asks the recipe)."""
-    from minite.rl.loop import check_inputs, load_train_config
+    from minite.rl.checks import check_inputs
+    from minite.rl.config import load_train_config
 
     inp = Inputs(tmp_path, tiny_inputs)
     check_inputs(load_train_config(inp.yaml("run.yaml", inp.run_config())))

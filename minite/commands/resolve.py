@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
 
     def go() -> int:
         from minite.recipes import recipe_from_dict
-        from minite.rl.loop import TrainConfig
+        from minite.rl.config import TrainConfig
 
         spec = parse_spec(args.spec)
         where = ", ".join(spec.get("files") or []) or spec["run"]

@@ -14,7 +14,7 @@ from minite.configuration import ConfigError, deep_merge, from_dict, load_yaml
 
 
 def build_config(args: argparse.Namespace):
-    from minite.rl.loop import TrainConfig
+    from minite.rl.config import TrainConfig
 
     overrides = parse_set(args.set)
     if args.config:

@@ -56,7 +56,7 @@ class DiagnoseConfig:
     trace_sequences: int = 64  # the first N sampled sequences go through the layer trace
     attribution: bool = True
     attribution_engine: str | None = None  # builtin | vllm; None: `engine`
-    # the run's prompt rendering and reward (minite.rl.loop.TrainConfig.prompt / .reward)
+    # the run's prompt rendering and reward (minite.rl.config.TrainConfig.prompt / .reward)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     gpu_memory_utilization: float | None = None  # vLLM's share; None: derived (engines.vllm.memory)

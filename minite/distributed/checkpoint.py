@@ -18,7 +18,7 @@ ranks loads on M (DCP reads each rank's slices from whichever files hold them).
 Like minite.checkpoint, a checkpoint is written to `<dir>.tmp` and swapped in with renames (rank 0, after
 every rank finished writing), so a kill leaves the old or the new checkpoint whole; load verifies the
 checksums first (each rank hashes a disjoint subset of the files: `hash_files`), unless it is given the
-VerifiedCheckpoint that `train-dist --resume`'s pre-flight check (minite.rl.loop.check_inputs with
+VerifiedCheckpoint that `train-dist --resume`'s pre-flight check (minite.rl.checks.check_inputs with
 `hash_files`) returned, whose files were just hashed.
 
 `save_full_checkpoint` gathers the whole fp32 masters to rank 0 and writes the single-process layout

@@ -23,7 +23,7 @@ Checkpoints: sharded (DCP, safetensors, resharding on load) under <out>/checkpoi
 `--resume`, and the consolidated single-process checkpoint <out>/checkpoint/model.safetensors that the
 workflow's later stages (eval, diagnose) read. `--resume` refuses, before any model is built, a missing,
 corrupted (sha256 against the manifest, the files hashed once, split over the ranks) or foreign (other
-recipe) sharded checkpoint, like `minite train --resume` (minite.rl.loop.check_inputs).
+recipe) sharded checkpoint, like `minite train --resume` (minite.rl.checks.check_inputs).
 
 Model loading: rank 0 reads the checkpoint, the other ranks build the model on the meta device, and
 the weights are broadcast shard by shard (`set_model_state_dict(broadcast_from_rank0=True)`), so a
@@ -241,13 +241,12 @@ def train_distributed(
     from minite.faultinject import maybe_kill
     from minite.nn.swap import apply_numerics, set_compute_dtype
     from minite.recipes import get_recipe
+    from minite.rl.checks import SHARDED_CHECKPOINT, check_inputs
     from minite.rl.data import read_examples
     from minite.rl.grpo import group_advantages
     from minite.rl.loop import (
-        SHARDED_CHECKPOINT,
         _append_jsonl,
         _truncate_metrics,
-        check_inputs,
         evaluate_accuracy,
         group_rewards,
         make_sampler,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from minite.configuration import ConfigError
-from minite.rl.loop import SamplerConfig, TrainConfig, make_sampler
+from minite.rl.config import SamplerConfig, TrainConfig
+from minite.rl.loop import make_sampler
 
 
 def test_defaults_add_nothing():

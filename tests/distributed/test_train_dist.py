@@ -163,7 +163,7 @@ def test_train_dist_vllm_memory_share(
     from minite.distributed.run import make_colocated_vllm
     from minite.engines.vllm.memory import ENGINES_ENV
     from minite.recipes import get_recipe
-    from minite.rl.loop import SamplerConfig, TrainConfig
+    from minite.rl.config import SamplerConfig, TrainConfig
 
     seen = {}
 

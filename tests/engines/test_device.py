@@ -11,7 +11,8 @@ import torch
 from minite.cli import main as cli
 from minite.configuration import ConfigError, from_dict, to_dict
 from minite.engines.device import resolve_device
-from minite.rl.loop import TrainConfig, train
+from minite.rl.config import TrainConfig
+from minite.rl.loop import train
 from minite.rl.sft import SFTConfig
 
 

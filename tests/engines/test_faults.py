@@ -11,8 +11,9 @@ from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import OptimConfig, TokenBatch, Trainer
 from minite.models.tiny import build_tiny_model
 from minite.recipes import MINITE
+from minite.rl.config import EvalConfig, RolloutConfig, TrainConfig
 from minite.rl.grpo import GRPOConfig
-from minite.rl.loop import EvalConfig, RolloutConfig, TrainConfig, train
+from minite.rl.loop import train
 
 
 def _batch():

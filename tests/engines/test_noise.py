@@ -13,7 +13,7 @@ from minite.engines.noise import LogitNoiseSampler, noise_seed
 from minite.engines.sampler import BuiltinSampler
 from minite.engines.weight_sync import export_weights
 from minite.recipes import get_recipe
-from minite.rl.loop import SamplerConfig
+from minite.rl.config import SamplerConfig
 
 EOS, PAD = 2, 0
 
@@ -133,8 +133,9 @@ def test_wrapper_refuses_other_engines():
 
 def test_loop_measures_the_synthetic_gap(tiny_inputs, tmp_path):
     """minite has a gap of exactly 0; the same run with logit noise has a positive one."""
+    from minite.rl.config import EvalConfig, RolloutConfig, TrainConfig
     from minite.rl.grpo import GRPOConfig
-    from minite.rl.loop import EvalConfig, RolloutConfig, TrainConfig, train
+    from minite.rl.loop import train
 
     def run(noise, name):
         cfg = TrainConfig(

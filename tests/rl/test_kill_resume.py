@@ -76,7 +76,8 @@ def _config(inputs: dict[str, Path], name: str) -> Path:
 @pytest.fixture(scope="module")
 def reference(inputs) -> Path:
     """The uninterrupted run (in-process: same code and thread count as the CLI subprocesses)."""
-    from minite.rl.loop import load_train_config, train
+    from minite.rl.config import load_train_config
+    from minite.rl.loop import train
 
     cfg = load_train_config(_config(inputs, "reference"))
     train(cfg, progress=False)

@@ -4,8 +4,9 @@ import pytest
 from safetensors.torch import load_file
 
 from minite.configuration import ConfigError
+from minite.rl.config import EvalConfig, RolloutConfig, TrainConfig
 from minite.rl.grpo import GRPOConfig
-from minite.rl.loop import EvalConfig, RolloutConfig, TrainConfig, train
+from minite.rl.loop import train
 
 
 def _cfg(tiny_inputs, out, recipe="minite", steps=3, **kw):
@@ -152,7 +153,8 @@ def test_vllm_memory_share_reaches_the_engine(tiny_inputs, tmp_path, monkeypatch
     the learner shares its device."""
     import minite.engines.vllm.engine as engine
     from minite.recipes import get_recipe
-    from minite.rl.loop import SamplerConfig, make_sampler
+    from minite.rl.config import SamplerConfig
+    from minite.rl.loop import make_sampler
 
     seen = {}
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from minite.engines.base import SamplingParams
+from minite.rl.config import EvalConfig, RolloutConfig, TrainConfig
 from minite.rl.grpo import GRPOConfig
-from minite.rl.loop import EvalConfig, RolloutConfig, TrainConfig, step_prompts, train
+from minite.rl.loop import step_prompts, train
 from minite.rl.prompts import PromptConfig
 from minite.rl.rewards import RewardConfig
 

@@ -90,7 +90,8 @@ def test_prepare_local_with_the_paper_profile_pointed_at_a_saved_folder(qwen3_mi
     from minite.configuration import from_dict
     from minite.profiles import load_profile
     from minite.rl import data as D
-    from minite.rl.loop import TrainConfig, check_inputs
+    from minite.rl.checks import check_inputs
+    from minite.rl.config import TrainConfig
 
     probs = [D.Problem(f"What is {i} plus {i}?", f"$\\boxed{{{2 * i}}}$", str(2 * i)) for i in range(1, 9)]
     D.write_verl_parquet(tmp_path / "dapo-math-17k.parquet", probs[:6], "Solve.\n\n{problem}\n\nAnswer:")

@@ -100,7 +100,7 @@ def test_rl_schema_mirrors_train_config():
 
     import yaml
 
-    from minite.rl.loop import TrainConfig
+    from minite.rl.config import TrainConfig
 
     schema = yaml.safe_load(PROFILE_SCHEMA.read_text())["properties"]["rl"]
     assert _schema_keys(schema) == _dc_fields(TrainConfig) - RUN_KEYS
@@ -124,7 +124,7 @@ def test_prepare_schema_mirrors_task_and_sft_configs():
 def test_every_ablation_resolves_to_a_valid_recipe():
     from minite.configuration import from_dict
     from minite.recipes import recipe_from_dict
-    from minite.rl.loop import TrainConfig
+    from minite.rl.config import TrainConfig
 
     cfg = load_profile("tiny")
     names = known_ablations(cfg)
