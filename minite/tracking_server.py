@@ -13,7 +13,7 @@ Ctrl-C in the terminal reaches the jobs, which end their runs KILLED, before the
 parent, Snakemake, is gone however it ended (SIGKILL included): no server outlives its workflow. Once
 the server answers /health the supervisor creates the experiment (with its model-training kind and
 its artifact folder) and writes results/<profile>/mlflow/server.json (URI, store, UI link, pids) and
-prints the UI link. Jobs wait for /health themselves (minite.tracking.wait_for_server): the server's
+prints the UI link. Jobs wait for /health themselves (minite.tracking_store.wait_for_server): the server's
 start-up (store migrations, the app import; ~50 s on a loaded 2-core machine) overlaps
 the prepare stage instead of delaying it.
 """
@@ -129,7 +129,8 @@ def _end_group(proc: subprocess.Popen, grace: float = 20) -> None:
 
 
 def _announce(uri: str, store: str, experiment: str, info: Path, pids: dict[str, int]) -> None:
-    from minite.tracking import _client, _experiment_id, ui_url
+    from minite.tracking import _client, _experiment_id
+    from minite.tracking_store import ui_url
 
     exp_id = _experiment_id(_client(uri), experiment, uri)
     ui = ui_url(uri, exp_id)

@@ -71,7 +71,7 @@ class ServerForTests:
 
     def __init__(self, results_dir: Path, experiment: str = "smoke"):
         from minite import tracking_server as TS
-        from minite.tracking import wait_for_server
+        from minite.tracking_store import wait_for_server
 
         self.server = TS.start(results_dir, experiment)
         try:

@@ -27,7 +27,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_server_ends_when_its_parent_is_killed(tmp_path):
-    from minite.tracking import wait_for_server
+    from minite.tracking_store import wait_for_server
 
     parent = tmp_path / "parent.py"
     parent.write_text(

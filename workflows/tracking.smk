@@ -7,7 +7,7 @@
 # on other hosts (an executor such as SLURM) cannot reach a 127.0.0.1 server: they write the sqlite
 # store directly unless a URI is given.
 from minite import tracking_server as TS
-from minite.tracking import SERVER_LOG_ENV, STORE_ENV, WAIT_ENV
+from minite.tracking_store import SERVER_LOG_ENV, STORE_ENV, WAIT_ENV
 
 _TRACKING = {}
 
