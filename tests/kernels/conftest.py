@@ -38,6 +38,8 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
 
 pytest.importorskip("triton", reason="the kernel tests need triton")
 
+from tests.kernels.grid import pairwise_cover  # noqa: E402 - after TRITON_INTERPRET is set
+
 
 @pytest.fixture
 def device() -> str:
@@ -51,3 +53,36 @@ def poison(monkeypatch):
     from minite.kernels import _triton
 
     monkeypatch.setattr(_triton, "POISON", 0xFF)
+
+
+# --- the kernel grid -----------------------------------------------------------------------------------
+# A test marked `kernel_grid` runs every combination of its parameters on the GPU check
+# (MINITE_KERNEL_TESTS_ON_GPU=1) or with MINITE_KERNEL_GRID=1; under the CPU interpreter it runs a
+# subset that still has every pair of parameter values together at least once (greedy pairwise
+# cover, deterministic), so every value and every interaction of two keeps a case, at a fraction of
+# the interpreter's time. The rest are deselected, and counted in pytest's summary.
+FULL_GRID = ON_GPU or os.environ.get("MINITE_KERNEL_GRID", "0") == "1"
+
+
+def pytest_report_header(config):
+    if FULL_GRID:
+        return "kernel grid: every combination"
+    return "kernel grid: a pairwise subset of the kernel_grid tests (MINITE_KERNEL_GRID=1: every one)"
+
+
+def pytest_collection_modifyitems(config, items):
+
+    if FULL_GRID:
+        return
+    groups: dict[tuple, list] = {}
+    for item in items:
+        if item.get_closest_marker("kernel_grid") and hasattr(item, "callspec"):
+            groups.setdefault((str(item.path), item.originalname), []).append(item)
+    drop = []
+    for group in groups.values():
+        keep = set(pairwise_cover([{k: repr(v) for k, v in it.callspec.params.items()} for it in group]))
+        drop += [it for i, it in enumerate(group) if i not in keep]
+    if drop:
+        dropped = {id(it) for it in drop}
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if id(it) not in dropped]

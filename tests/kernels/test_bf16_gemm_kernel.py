@@ -37,6 +37,7 @@ def _close_to_exact(out, x, w, b):
     assert ((out.cpu().double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("m", [1, 3, 64, 65, 200])

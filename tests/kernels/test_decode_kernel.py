@@ -49,6 +49,7 @@ def _decode(a, b, out_dtype=torch.float32, bias=None, cfg=None):
     return nvfp4_matmul(a, b, out_dtype, bias, method="decode", decode_config=cfg)
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("cfg", list(CONFIGS), ids=list(CONFIGS))
 @pytest.mark.parametrize("n", [24, 200], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("k", [16, 48, 272], ids=lambda k: f"K{k}")

@@ -63,6 +63,7 @@ def _check(out, a, b, bias=None, tol=1e-5):
 SCOPES = [("tensor", "tensor"), ("row", "tensor"), ("row", "row"), ("tensor", "row")]
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("n", [24, 70], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("k", [16, 48], ids=lambda k: f"K{k}")
 @pytest.mark.parametrize("m", [1, 3, 40, 100], ids=lambda m: f"M{m}")
@@ -78,6 +79,7 @@ def test_matches_reference(scope_a, scope_b, m, k, n, device):
     _check(ref, a, b)
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(
     "config",
@@ -95,6 +97,7 @@ def test_configs_bias_and_out_dtypes(config, out_dtype, device):
     _check(out, a, b, bias)
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize(
     ("k", "config"),
     [

@@ -44,6 +44,7 @@ def _check(out, a, b, tol=1e-5):
     assert ((out.cpu().double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("config", [None, SMALL, SMALL_SWAP], ids=["default", "16x32x32", "16x32x32-swap"])
 @pytest.mark.parametrize("w_scope", ["tensor", "row"])
 @pytest.mark.parametrize("a_scope", ["tensor", "row"])

@@ -26,6 +26,7 @@ def _exact(x, w, eps):
     return h * w.double() if w is not None else h
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("d", [16, 100, 128, 2048])
 @pytest.mark.parametrize("with_weight", [True, False], ids=["w", "no_w"])

@@ -61,6 +61,7 @@ SHAPES_1X16 = [(1, 16), (3, 48), (100, 80)]
 SHAPES_16X16 = [(16, 48), (48, 32)]
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("flavor", ["canonical", "te", "vllm"])
 @pytest.mark.parametrize(("block", "scope"), CASES, ids=lambda c: c)
 @pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
@@ -72,6 +73,7 @@ def test_bitwise_vs_reference(flavor, block, scope, rht, poison_both, device):
         _same(nvfp4_quantize(x.to(device), spec, **kw), ref_quantize(x, spec, **kw))
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
 @pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
 @pytest.mark.parametrize("scope", ["tensor", "row"])
@@ -334,6 +336,7 @@ def test_clear_errors(device):
         nvfp4_quantize(torch.zeros(2, 16, 16, device=device), transpose=True)
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("tile", [None, (2, 16, 2)], ids=["heuristic", "2x16w2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize(
@@ -490,6 +493,7 @@ def _same_nan(a: torch.Tensor, b: torch.Tensor) -> None:
 GLU_SHAPES = [(1, 16), (3, 48), (100, 16), (3, 768)]
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's exp overflow, -inf / inf (interpreter)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("scope", ["row", "tensor"])

@@ -31,6 +31,7 @@ def _within_fp32_summation(out, h, w):
     assert ((out.cpu().double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["w_fp32", "w_bf16"])
 @pytest.mark.parametrize("hdtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 100])

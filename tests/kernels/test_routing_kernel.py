@@ -58,6 +58,7 @@ def test_route_beyond_one_program_takes_torch(device):
         assert torch.equal(x.cpu(), y)
 
 
+@pytest.mark.kernel_grid
 @pytest.mark.parametrize("y_dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
