@@ -14,11 +14,9 @@ setup:
 reproduce: setup
 	$(VENV)/bin/snakemake --cores $(CORES) --config profile=$(PROFILE)
 
-# The test command (.ci/run calls exactly this). The Triton kernel tests run in their own process
-# under Triton's CPU interpreter: TRITON_INTERPRET must be set before anything (vLLM included)
-# imports triton, so they cannot share a process with the rest of the suite.
+# The test command (.ci/run calls exactly this): ruff, then the main suite and the Triton kernel tests
+# (under Triton's CPU interpreter, in a process of their own) side by side (scripts/test.sh).
 test: setup
 	bash scripts/setup_system.sh
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --ignore=tests/kernels
-	TRITON_INTERPRET=1 $(PY) -m pytest -q tests/kernels
+	PY=$(PY) bash scripts/test.sh
