@@ -63,7 +63,8 @@ def main(argv: list[str]) -> int:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
         from minite.claims import evaluate, load_seeds
         from minite.claims_report import claims_markdown, record
-        from minite.figures.claims import _style, fig_curves, fig_dose, fig_final
+        from minite.figures.claims import fig_curves, fig_dose, fig_final
+        from minite.figures.style import apply_style
         from minite.tracking import git_commit
 
         level, margin = float(sec.get("level", 0.95)), float(sec.get("margin", 0.05))
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
         )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        _style()
+        apply_style()
         formats = [f for f in args.formats.split(",") if f]
         kw = dict(formats=formats, dpi=args.dpi, title=args.profile)
         main_arms = [roles["baseline"], roles["naive"], roles["aligned"], *roles.get("corrections", [])]

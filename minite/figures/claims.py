@@ -14,30 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from minite.claims import run_name, t_interval
-from minite.figures.style import label, palette
-
-
-def _style() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import seaborn as sns
-
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
-
-
-def _save(fig, out: Path, stem: str, formats: list[str], dpi: int) -> list[str]:
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in formats:
-        p = out / f"{stem}.{fmt}"
-        fig.savefig(p, dpi=dpi, bbox_inches="tight")
-        paths.append(str(p))
-    plt.close(fig)
-    return paths
+from minite.claims import run_name
+from minite.intervals import t_interval
+from minite.figures.style import label, palette, save
 
 
 def _series(rl_dir: Path, key: str, smooth: int) -> dict[int, float]:
@@ -115,7 +94,7 @@ def fig_curves(
         ax.set_ylim(-0.02, 1.02)
     fig.suptitle(f"{title}: mean over seeds, band: {level:.0%} t interval (clipped to [0, 1])", y=1.02)
     fig.tight_layout()
-    return _save(fig, out, "claims_curves", formats, dpi)
+    return save(fig, out, "claims_curves", formats, dpi)
 
 
 def fig_final(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int, title: str) -> list[str]:
@@ -159,7 +138,7 @@ def fig_final(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int
         ax.axvline(b - 0.5, color="0.75", lw=0.8)
     ax.set(ylabel="final exact match (lm-eval, held-out)", title=f"{title}: final quality per arm")
     fig.tight_layout()
-    return _save(fig, out, "claims_final", formats, dpi)
+    return save(fig, out, "claims_final", formats, dpi)
 
 
 def fig_dose(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int, title: str) -> list[str]:
@@ -214,4 +193,4 @@ def fig_dose(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int,
         axes[0].set_title("no arm significantly below the aligned recipe")
     fig.suptitle(f"{title}: dose-response (mean and {result['level']:.0%} t intervals over seeds)", y=1.02)
     fig.tight_layout()
-    return _save(fig, out, "claims_dose", formats, dpi)
+    return save(fig, out, "claims_dose", formats, dpi)

@@ -48,6 +48,7 @@ def apply_style():
 def save(fig, out_dir: Path, stem: str, formats: list[str], dpi: int) -> list[str]:
     import matplotlib.pyplot as plt
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
         p = out_dir / f"{stem}.{fmt}"
