@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from minite.claims import run_name
-from minite.intervals import t_interval
 from minite.figures.style import label, palette, save
+from minite.intervals import t_interval
 
 
 def _series(rl_dir: Path, key: str, smooth: int) -> dict[int, float]:
