@@ -526,6 +526,15 @@ def _bench_files(bench: str | Path) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(str(Path(bench) / "learner_h200*.json")))
 
 
+def _shown(path: Path) -> str:
+    """A benchmark file as the record cites it: relative to the repository when it is inside it (the
+    record is read in another checkout)."""
+    try:
+        return str(path.resolve().relative_to(Path(__file__).resolve().parents[1]))
+    except ValueError:
+        return str(path)
+
+
 def claim_c5(bench: str | Path | None) -> dict[str, Any]:
     """Learner speed from the committed H200 benchmarks (module docstring)."""
     files = _bench_files(bench) if bench else []
@@ -561,7 +570,7 @@ def claim_c5(bench: str | Path | None) -> dict[str, Any]:
     b, b_best = tps(latest, "bf16"), tps(latest, "bf16", True)
     numbers: dict[str, Any] = {
         "device": dev,
-        "file": str(f_latest),
+        "file": _shown(f_latest),
         "date": date,
         "minite_over_bf16_median": m_b / b if m_b and b else None,
         "minite_over_bf16_best": m_b_best / b_best if m_b_best and b_best else None,
@@ -569,21 +578,22 @@ def claim_c5(bench: str | Path | None) -> dict[str, Any]:
         "layers": (latest.get("shape") or {}).get("num_hidden_layers"),
     }
     ev = [
-        f"{dev}, {numbers['shape']} layer shapes x {numbers['layers']} layers (`{f_latest}`, {date}): minite "
+        f"{dev}, {numbers['shape']} layer shapes x {numbers['layers']} layers (`{numbers['file']}`, {date}): "
+        "minite "
         f"{m_b:,.0f} tokens/s vs bf16 {b:,.0f}: {numbers['minite_over_bf16_median']:.2f}x by the median "
         f"update, {numbers['minite_over_bf16_best']:.2f}x by the fastest"
         if m_b and b
-        else f"{f_latest}: no minite measurement"
+        else f"{numbers['file']}: no minite measurement"
     ]
     if with_te:
         dte, fte, dt = with_te[-1]
         mt, tt = tps(dt, "minite"), tps(dt, "te_nvfp4")
         if mt and tt:
             numbers["minite_over_te_nvfp4_median"] = mt / tt
-            numbers["te_file"] = str(fte)
+            numbers["te_file"] = _shown(fte)
             ev.append(
                 "against the TE-style trainer (emulated NVFP4 GEMMs: Hopper has no FP4 MMA; "
-                f"`{fte}`, {dte}): "
+                f"`{numbers['te_file']}`, {dte}): "
                 f"minite {mt:,.0f} vs te_nvfp4 {tt:,.0f} tokens/s = {mt / tt:.1f}x"
             )
     ev.append(
