@@ -484,6 +484,14 @@ def test_outputs_equal_the_local_run(slurm_run, miniature):
         assert _csv_without(local / rel, "mlflow") == _csv_without(remote / rel, "mlflow"), rel
 
 
+def _listpids(cluster, jid: str) -> set[int]:
+    """The pids SLURM tracks for job `jid` (empty when it cannot say yet)."""
+    try:
+        return {int(ln.split()[0]) for ln in cluster.cmd("scontrol", "listpids", jid).splitlines()[1:]}
+    except (AssertionError, ValueError, IndexError):
+        return set()
+
+
 def test_train_dist_runs_two_gloo_ranks_inside_its_allocation(slurm_run, cluster, miniature, tmp_path):
     """jobs.rl.processes: 2 (with 2 threads, the node's 2 CPUs): the rl job is one SLURM job of 2
     CPUs whose command is `minite train-dist --nproc-per-node 2`; both torchrun ranks run inside
@@ -507,17 +515,14 @@ def test_train_dist_runs_two_gloo_ranks_inside_its_allocation(slurm_run, cluster
                 (j for j, c, s in _queue(cluster) if c == f"rule_rl_wildcards_{run}_{seed}"), None
             )
             if jid:
-                try:
-                    tracked = {
-                        int(ln.split()[0]) for ln in cluster.cmd("scontrol", "listpids", jid).splitlines()[1:]
-                    }
-                except (AssertionError, ValueError, IndexError):
-                    tracked = set()
+                tracked = _listpids(cluster, jid)
                 for pid in _pids():
                     env = dict(v.split("=", 1) for v in _environ(pid) if "=" in v)
                     if env.get("SLURM_JOB_ID") == jid and "RANK" in env and env.get("WORLD_SIZE"):
                         ranks[env["RANK"]] = (pid, env["WORLD_SIZE"])
-                        if tracked and pid not in tracked:
+                        # a rank started after the snapshot above is asked about again before it counts
+                        late = tracked and pid not in tracked and pid not in _listpids(cluster, jid)
+                        if late and Path(f"/proc/{pid}").exists():
                             outside.append(pid)
             time.sleep(0.5)
     except BaseException:
