@@ -147,7 +147,10 @@ def run_key(stage: str, run: str, seed: int | str) -> str:
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    # the first client of a new sqlite store creates its tables and runs its migrations; two jobs
+    # doing that at once (SLURM jobs writing the store directly) fail with "table ... already exists"
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
 
 
 def _experiment_id(client, name: str, uri: str) -> str:

@@ -187,3 +187,36 @@ def test_local_store_writes_directly_under_the_file_lock(tmp_path):
         assert [m.step for m in MlflowClient(uri).get_metric_history(run.run_id, "loss")] == [0]
     assert (tmp_path / "mlflow.db.lock").exists()
     assert os.path.getsize(tmp_path / "mlflow.db") > 0
+
+
+_FIRST_OPEN = """
+import sys, time
+from minite.tracking import job_run
+while time.time() < float(sys.argv[2]):  # start together: the store does not exist yet
+    time.sleep(0.001)
+with job_run(experiment="offline", stage="rl", run=f"r{sys.argv[3]}", verb="minite train", seed=0,
+             uri=sys.argv[1]) as run:
+    run.log_step({"step": 0, "loss": 1.0})
+"""
+
+
+def test_jobs_that_open_a_new_local_store_at_once_all_get_their_run(tmp_path):
+    """SLURM jobs write the sqlite store directly; the first client of a new store creates its tables,
+    and two creating them at once fail ("table experiments already exists") unless the lock holds
+    the creation too."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    script = tmp_path / "first_open.py"
+    script.write_text(_FIRST_OPEN)
+    at = time.time() + 10  # after every process has imported mlflow
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), uri, str(at), str(i)], stderr=subprocess.PIPE, text=True
+        )
+        for i in range(4)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(e[-1500:] for e in errors)
+    exp = MlflowClient(uri).get_experiment_by_name("offline")
+    assert len(MlflowClient(uri).search_runs([exp.experiment_id])) == 4

@@ -362,7 +362,7 @@ def train_distributed(
     )
     try:
         for step in bar:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             trainer.seeds.set_step(step)
             payload, reward_stats = None, {}
             exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)  # the same on every rank
@@ -413,6 +413,8 @@ def train_distributed(
                     "time/rollout_s": t_roll - t0,
                     "time/learner_s": t_learn - t_roll,
                     "time/step_s": time.perf_counter() - t0,
+                    # rank 0's CPU time, as the one-process loop records its own (minite/rl/loop.py)
+                    "time/step_cpu_s": time.process_time() - c0,
                     **reward_stats,
                     **{f"mismatch/{k}": v for k, v in gap.items()},
                     **{f"train/{k}": v for k, v in stats.items()},
