@@ -17,10 +17,12 @@ Output layout:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,25 @@ def _replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
+@contextlib.contextmanager
+def _staged(out: Path) -> Iterator[Path]:
+    """A fresh temporary sibling of `out` to write into: moved into place when the block ends, deleted
+    when it raises (an interrupted prepare never leaves a half-written `out`)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_metrics(tmp: Path, metrics: dict[str, Any]) -> None:
+    (tmp / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
 def prepare_tiny(
     out_dir: str | Path,
     task_cfg: TaskConfig | None = None,
@@ -65,13 +86,8 @@ def prepare_tiny(
     sft_cfg = sft_cfg or SFTConfig()
     device = resolve_device(sft_cfg.device, "prepare.sft.device")  # before anything is written
     model_overrides = dict(model_overrides or {})
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     t0 = time.perf_counter()
-    try:
+    with _staged(Path(out_dir)) as tmp:
         train, ev = make_splits(task_cfg)  # in task_cfg.format
         (tmp / "data").mkdir(parents=True)
         save_jsonl(train, tmp / "data" / "train.jsonl")
@@ -115,11 +131,7 @@ def prepare_tiny(
             "sft": sft_metrics,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         }
-        (tmp / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _write_metrics(tmp, metrics)
     return metrics
 
 
@@ -254,11 +266,8 @@ def prepare_qwen3(out_dir: str | Path, sec: dict[str, Any], profile: dict[str, A
 
     chat, instruction = _chat(profile)
     check_qwen3(sec)
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
-    try:
+    with _staged(Path(out_dir)) as tmp:
         cfg = qwen3_config(**(sec.get("model") or {}))
         model = build_qwen3_model(cfg, seed=int(sec.get("seed", 0)))
         save_qwen3(model, tmp / "base_model", sec.get("tokenizer"))
@@ -274,11 +283,7 @@ def prepare_qwen3(out_dir: str | Path, sec: dict[str, Any], profile: dict[str, A
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         }
         metrics["wall_s"] = time.perf_counter() - t0
-        (tmp / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _write_metrics(tmp, metrics)
     return metrics
 
 
@@ -303,11 +308,8 @@ def check_local(sec: dict[str, Any], profile: dict[str, Any]) -> dict[str, int]:
 def prepare_local(out_dir: str | Path, sec: dict[str, Any], profile: dict[str, Any]) -> dict[str, Any]:
     """Link the checkpoint folder as base_model (never copied: it may be 60 GB) and write the data."""
     check_local(sec, profile)
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
-    try:
+    with _staged(Path(out_dir)) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "base_model").symlink_to(Path(sec["model_path"]).resolve())
         metrics = {
@@ -316,9 +318,5 @@ def prepare_local(out_dir: str | Path, sec: dict[str, Any], profile: dict[str, A
             **_write_data(sec, tmp, _chat(profile)[1]),
         }
         metrics["wall_s"] = time.perf_counter() - t0
-        (tmp / "prepare_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _write_metrics(tmp, metrics)
     return metrics

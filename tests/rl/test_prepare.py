@@ -149,3 +149,25 @@ def test_prepare_local_refuses_a_tokenizer_without_chat_template(tiny_inputs, tm
         str(tmp_path / "prepare"),
     )
     assert rc == 2 and not (tmp_path / "prepare").exists()
+
+
+def test_a_failed_prepare_leaves_the_previous_output_untouched(tmp_path, monkeypatch):
+    """An error half-way (SFT fails after the data are written to the staging folder) keeps the
+    finished output of the last run and leaves no temporary sibling."""
+    import pytest
+
+    import minite.rl.prepare as prepare
+
+    def failing_sft(*args, **kwargs):
+        assert any(p.name.startswith(".tiny.tmp-") for p in tmp_path.iterdir())  # staged, half-written
+        raise RuntimeError("SFT failed")
+
+    out = tmp_path / "tiny"
+    out.mkdir()
+    (out / "prepare_metrics.json").write_text('{"from": "last run"}')
+    monkeypatch.setattr(prepare, "sft", failing_sft)
+    sft_cfg = SFTConfig(max_steps=1, batch_size=8, n_holdout=8, eval_every=1000, progress=False)
+    with pytest.raises(RuntimeError, match="SFT failed"):
+        prepare_tiny(out, TaskConfig(seed=0, n_train=32, n_eval=8), {"num_hidden_layers": 2}, sft_cfg)
+    assert json.loads((out / "prepare_metrics.json").read_text()) == {"from": "last run"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
