@@ -15,18 +15,7 @@ the roles: `baseline` (bf16), `naive` (te_nvfp4), `aligned` (minite), `correctio
 objective-side fix: token TIS, sequence MIS, Geo-RS) and `dose_response` (the aligned recipe with one
 naive component switched on, all of them, or a synthetic logit noise on the sampler).
 
-Per-seed numbers (`seed_metrics`), from an arm's RL folder and its lm-eval JSON:
-  quality       lm-eval exact match of the final policy on the held-out split (primary quality)
-  loop_eval     the in-loop greedy accuracy at the last step (the same policy, the loop's eval slice)
-  reward_first  mean rollout reward over the first W steps, W = `window` (default max(5, steps // 10))
-  reward_last   mean rollout reward over the last W steps; reward_gain = reward_last - reward_first
-  gap, kl_k3    mean over steps of mismatch/logp_abs_diff_mean and mismatch/kl_k3
-  zero_gap      True when every step's gap is exactly 0 (bit-identical log-probs)
-  nonfinite     steps skipped or stopped for non-finite values (events.jsonl, metrics.jsonl)
-
-Quality of two arms that ran different horizons (an arm with a shorter `run_overrides` horizon) is
-compared at the shorter one's last step by the in-loop greedy accuracy on the same held-out prompts
-(`at_step`): lm-eval scores only the final checkpoint, and a policy is compared with one of the same age.
+Per-seed numbers (quality, loop_eval, reward windows, gap, ...): minite.claims_seeds.
 
 Intervals, at `level` (default 0.95), over seeds (minite.intervals):
   one arm's mean:       Student t, mean ± t(n-1) · s / sqrt(n)          (`t_interval`)
@@ -78,16 +67,25 @@ small enough (`seeds_needed`).
 from __future__ import annotations
 
 import glob
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from minite.claims_seeds import (  # noqa: F401 - the per-seed API, re-exported for callers of minite.claims
+    CORRECTION_KEYS,
+    _read_json,
+    at_step,
+    common_eval_bound,
+    default_window,
+    load_seeds,
+    run_name,
+    same_weights_and_formats,
+    seed_metrics,
+)
 from minite.intervals import (
     Interval,
     _clean,
-    _mean,
     _sd,
     bootstrap_interval,
     prediction_interval,
@@ -106,140 +104,6 @@ STATEMENTS = {
     "only compensate for it",
     "C5": "the learner is faster than BF16 and TE NVFP4 (B300)",
 }
-
-# GRPO keys that change the objective to correct for the gap (token TIS, sequence MIS, Geo-RS)
-CORRECTION_KEYS = ("tis", "mis", "geo_rs")
-
-
-# --- loading --------------------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _records(rl_dir: Path) -> list[dict[str, Any]]:
-    path = rl_dir / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def run_name(rl_dir: str | Path) -> str:
-    """The arm of an RL folder results/<profile>/rl/<run>/seed<S>."""
-    return Path(rl_dir).parent.name
-
-
-def _recipe_of(cfg: dict[str, Any], rl_dir: Path) -> dict[str, Any]:
-    """The resolved recipe mapping of a run (its recipe.yaml), {} if it cannot be found."""
-    from minite.configuration import load_yaml
-
-    ref = str(cfg.get("recipe", ""))
-    for cand in (Path(ref), rl_dir.parents[2] / "runs" / run_name(rl_dir) / "recipe.yaml"):
-        if cand.suffix in (".yaml", ".yml") and cand.is_file():
-            return load_yaml(cand)
-    return {}
-
-
-def same_weights_and_formats(recipe: dict[str, Any]) -> bool:
-    """Does the sampler get the trainer's exact quantized weights, in the trainer's forward formats?"""
-    tr, sa = recipe.get("trainer") or {}, recipe.get("sampler") or {}
-    if not (tr.get("quantized") and sa.get("quantized")):
-        return False
-    keys = ("fprop_weight", "fprop_act")
-    return sa.get("weight_source") == "trainer" and all(tr.get(k) == sa.get(k) for k in keys)
-
-
-def default_window(steps: int) -> int:
-    """max(5, steps // 10), and at most half the steps (so the two windows never overlap)."""
-    return max(1, min(max(5, steps // 10), steps // 2))
-
-
-def seed_metrics(
-    rl_dir: str | Path, eval_file: str | Path | None, task: str | None = None, window: int | None = None
-) -> dict[str, Any]:
-    """The per-seed numbers of one RL run (module docstring)."""
-    d = Path(rl_dir)
-    cfg = _read_json(d / "config.json")
-    allrecs = _records(d)
-    recs = [r for r in allrecs if "reward_mean" in r]
-    if not recs:
-        raise ValueError(f"{d / 'metrics.jsonl'}: no completed RL step")
-    w = window or default_window(len(recs))
-    gaps = [r["mismatch/logp_abs_diff_mean"] for r in recs if "mismatch/logp_abs_diff_mean" in r]
-    kls = [r["mismatch/kl_k3"] for r in recs if "mismatch/kl_k3" in r]
-    evals = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
-    events = (d / "events.jsonl").read_text().splitlines() if (d / "events.jsonl").is_file() else []
-    quality = math.nan
-    if eval_file is not None and Path(eval_file).is_file():
-        tasks = (_read_json(Path(eval_file)).get("tasks")) or {}
-        name = task if task in tasks else next(iter(tasks), None)
-        if name is not None:
-            quality = float(tasks[name].get("exact_match", math.nan))
-    recipe = _recipe_of(cfg, d)
-    grpo = cfg.get("grpo") or {}
-    first = _mean([r["reward_mean"] for r in recs[:w]])
-    last = _mean([r["reward_mean"] for r in recs[-w:]])
-    return {
-        "run": run_name(d),
-        "seed": int(cfg.get("seed", 0)),
-        "steps": len(recs),
-        "window": w,
-        "quality": quality,
-        "loop_eval": evals[-1] if evals else math.nan,
-        "reward_first": first,
-        "reward_last": last,
-        "reward_gain": last - first,
-        "gap": _mean(gaps),
-        "kl_k3": _mean(kls),
-        "zero_gap": bool(gaps) and all(g == 0 for g in gaps),
-        "gap_positive": bool(gaps) and all(g > 0 for g in gaps),
-        "nonfinite": len(allrecs) - len(recs) + len(events),
-        "logit_noise": float((cfg.get("sampler") or {}).get("logit_noise", 0.0) or 0.0),
-        "corrections": [k for k in CORRECTION_KEYS if grpo.get(k)],
-        "same_weights_and_formats": same_weights_and_formats(recipe),
-        "rl_dir": str(d),
-        "eval_file": str(eval_file) if eval_file else None,
-        # the curves, for comparisons at a matched step (dose arms with a shorter horizon); not in JSON
-        "_rewards": [r["reward_mean"] for r in recs],
-        "_evals": {int(r["step"]): r["eval/accuracy"] for r in recs if "eval/accuracy" in r},
-    }
-
-
-def at_step(row: dict[str, Any], steps: int, window: int, eval_before: int | None = None) -> dict[str, float]:
-    """A seed's numbers over its first `steps` steps: reward first/last window and gain, and the
-    in-loop greedy accuracy at the last eval before step `eval_before` (default `steps`)."""
-    rewards = row["_rewards"][:steps]
-    first, last = _mean(rewards[:window]), _mean(rewards[-window:])
-    bound = steps if eval_before is None else eval_before
-    evals = [(s, a) for s, a in row["_evals"].items() if s < bound]
-    return {
-        "reward_gain": last - first,
-        "loop_eval": max(evals)[1] if evals else math.nan,
-        "eval_step": max(evals)[0] if evals else None,
-    }
-
-
-def common_eval_bound(rows: Sequence[dict[str, Any]], horizon: int) -> int:
-    """1 + the last in-loop eval step below `horizon` that every row has (so two arms are read at the
-    same step); `horizon` when they share none."""
-    sets = [{s for s in r["_evals"] if s < horizon} for r in rows]
-    common = set.intersection(*sets) if sets else set()
-    return max(common) + 1 if common else horizon
-
-
-def load_seeds(
-    rl_dirs: Sequence[str | Path],
-    eval_files: Sequence[str | Path] = (),
-    task: str | None = None,
-    window: int | None = None,
-) -> list[dict[str, Any]]:
-    """`seed_metrics` of every RL folder, paired with results/<p>/eval/<run>/seed<S>.json if given."""
-    by_key = {}
-    for f in map(Path, eval_files):
-        by_key[(f.parent.name, f.stem)] = f
-    out = []
-    for d in map(Path, rl_dirs):
-        out.append(seed_metrics(d, by_key.get((run_name(d), d.name)), task, window))
-    return out
 
 
 # --- per-arm summaries --------------------------------------------------------------------------------

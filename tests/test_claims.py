@@ -1,4 +1,4 @@
-"""minite.claims: per-seed numbers from a written RL folder,
+"""minite.claims and minite.claims_seeds: per-seed numbers from a written RL folder,
 every verdict branch of C1-C4 on made-up arms, C5 from benchmark JSONs, and the `minite claims` verb."""
 
 import json

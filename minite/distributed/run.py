@@ -251,6 +251,7 @@ def train_distributed(
         group_rewards,
         make_sampler,
         step_prompts,
+        step_record,
         summarize_metrics,
     )
 
@@ -406,19 +407,8 @@ def train_distributed(
                 acc = accuracy(eval_set)  # every rank takes part (vLLM replicas)
             if rank == 0:
                 gap = mismatch_metrics(logp_all, batch.sampler_logp, batch.mask)
-                record: dict[str, Any] = {
-                    "step": step,
-                    "reward_mean": float(rewards.mean()),
-                    "response_len_mean": float(batch.mask.sum(1).float().mean()),
-                    "time/rollout_s": t_roll - t0,
-                    "time/learner_s": t_learn - t_roll,
-                    "time/step_s": time.perf_counter() - t0,
-                    # rank 0's CPU time, as the one-process loop records its own (minite/rl/loop.py)
-                    "time/step_cpu_s": time.process_time() - c0,
-                    **reward_stats,
-                    **{f"mismatch/{k}": v for k, v in gap.items()},
-                    **{f"train/{k}": v for k, v in stats.items()},
-                }
+                clock = (t0, c0, t_roll, t_learn)  # rank 0's
+                record = step_record(step, rewards, batch.mask, clock, reward_stats, gap, stats)
                 if acc is not None:
                     record["eval/accuracy"] = acc
                 bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]

@@ -192,6 +192,35 @@ def evaluate_accuracy(cfg: TrainConfig, sampler, tokenizer, examples: list[Examp
     return sum(s.acc for s in scores) / max(1, len(scores))
 
 
+def step_record(
+    step: int,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    clock: tuple[float, float, float, float],
+    reward_stats: dict[str, float],
+    gap: dict[str, float],
+    stats: dict[str, float],
+) -> dict[str, Any]:
+    """One metrics.jsonl row, the same keys for the one-process loop and train-dist's rank 0.
+    `clock`: (wall at the step's start, this process's CPU time then, wall after the rollout, wall
+    after the update)."""
+    t0, c0, t_roll, t_learn = clock
+    return {
+        "step": step,
+        "reward_mean": float(rewards.mean()),
+        "response_len_mean": float(mask.sum(1).float().mean()),
+        "time/rollout_s": t_roll - t0,
+        "time/learner_s": t_learn - t_roll,
+        "time/step_s": time.perf_counter() - t0,
+        # this process's CPU time for the step: on a shared machine close to what the step takes
+        # alone on one core (single-threaded runs), which is what sizing an experiment needs
+        "time/step_cpu_s": time.process_time() - c0,
+        **reward_stats,
+        **{f"mismatch/{k}": v for k, v in gap.items()},
+        **{f"train/{k}": v for k, v in stats.items()},
+    }
+
+
 def peak_memory_mib(device: torch.device) -> dict[str, float]:
     """The process's peak resident memory so far (and the device's peak allocation on CUDA), MiB."""
     import resource
@@ -358,20 +387,9 @@ def train(
                 continue
             t_learn = time.perf_counter()
             sampler.update_weights(export_weights(trainer.model, recipe, version=step + 1))
-            record: dict[str, Any] = {
-                "step": step,
-                "reward_mean": float(rewards.mean()),
-                "response_len_mean": float(batch.mask.sum(1).float().mean()),
-                "time/rollout_s": t_roll - t0,
-                "time/learner_s": t_learn - t_roll,
-                "time/step_s": time.perf_counter() - t0,
-                # this process's CPU time for the step: on a shared machine close to what the step takes
-                # alone on one core (single-threaded runs), which is what sizing an experiment needs
-                "time/step_cpu_s": time.process_time() - c0,
-                **reward_stats,
-                **{f"mismatch/{k}": v for k, v in gap.items()},
-                **{f"train/{k}": v for k, v in stats.items()},
-            }
+            record = step_record(
+                step, rewards, batch.mask, (t0, c0, t_roll, t_learn), reward_stats, gap, stats
+            )
             is_last = step + 1 == cfg.steps
             # with a time limit: stop when another step as long as this one would overrun it
             over = (

@@ -69,6 +69,7 @@ def test_train_dist_two_ranks(tiny_inputs, tmp_path):
 
     # the same rollouts as one process at step 0 (same sampler, same weights synced from the shards)
     one = _run("train", tiny_inputs, tmp_path / "one", cfg_path)
+    assert recs[0].keys() == one[0].keys()  # the same metrics row (minite.rl.loop.step_record)
     for k in ("reward_mean", "response_len_mean", "mismatch/logp_abs_diff_mean"):
         assert recs[0][k] == pytest.approx(one[0][k], abs=1e-7), k
 
