@@ -54,7 +54,8 @@ JOBS = "{rl: {threads: 1, mem_mb: 3000, runtime: 20}, eval: {threads: 1, mem_mb:
 # cancelled), no ablation; every rule still has a job, and each job's inputs are the local run's, so
 # its outputs must equal the local run's files (half the miniature's jobs: SLURM runs each job's
 # Snakemake and `minite` in a fresh process, seconds a job that CI pays for every job)
-SUBSET = ["recipes=[bf16]", "ablations=[]"]
+SUBMITTED = "bf16"
+SUBSET = [f"recipes=[{SUBMITTED}]", "ablations=[]"]
 # poll SLURM every 2 s instead of the plugin's 40 s: the jobs here take seconds, not hours
 POLL = ["--seconds-between-status-checks", "2", "--slurm-init-seconds-before-status-checks", "2"]
 
@@ -487,11 +488,11 @@ def test_outputs_equal_the_local_run(slurm_run, miniature):
         ]
         assert rows[0] == rows[1] and len(rows[0]) == _steps(rel.parts[1]), rel
     for table in ("main", "ablations", "eval", "diagnose", "summary"):
-        # the SLURM run's rows (its runs: bf16, the base model) are the local table's rows of those runs
+        # the SLURM run's rows (its runs: SUBMITTED, the base model) are the local table's rows of those runs
         rel = f"tables/{table}.csv"
         (head, *rows), (local_head, *local_rows) = (_csv_without(d / rel, "mlflow") for d in (remote, local))
         assert head == local_head and rows, rel
-        assert [r for r in local_rows if any(v in ("bf16", "base") for v in r[:2])] == rows, rel
+        assert [r for r in local_rows if any(v in (SUBMITTED, "base") for v in r[:2])] == rows, rel
 
 
 def _listpids(cluster, jid: str) -> set[int]:
