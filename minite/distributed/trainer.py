@@ -78,6 +78,7 @@ class DistributedTrainer(Trainer):
         reshard_after_forward: bool = True,
         activation_checkpointing: bool = False,
         mesh=None,
+        temperature: float = 1.0,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("DistributedTrainer needs torch.distributed initialized (torchrun)")
@@ -88,7 +89,7 @@ class DistributedTrainer(Trainer):
             reshard_after_forward=reshard_after_forward,
             activation_checkpointing=activation_checkpointing,
         )
-        super().__init__(model, recipe, optim, grpo, seed)
+        super().__init__(model, recipe, optim, grpo, seed, temperature=temperature)
 
     def _wrap_model(self) -> None:
         shard_model(self.model, param_dtype=self.dtype, **self._fsdp)
@@ -104,7 +105,9 @@ class DistributedTrainer(Trainer):
         # float32 here means "call the model as is": FSDP's mixed precision already runs the forward on
         # bf16 weights (the single-process trainer makes the same copies with functional_call)
         with amax_sync(self.amax_group):
-            return sequence_logprobs(self.model, batch, torch.float32, self.optim_cfg.logprob_chunk)
+            return sequence_logprobs(
+                self.model, batch, torch.float32, self.optim_cfg.logprob_chunk, temperature=self.temperature
+            )
 
     def _check_activations(self, batch: TokenBatch, logp: torch.Tensor, tensor: str) -> None:
         bad = not bool(torch.isfinite(logp[batch.mask]).all())

@@ -3,6 +3,19 @@
 A sampler generates completions for token-id prompts and reports the log-prob *it* assigned to each
 token it sampled; the trainer later recomputes the same log-probs with its own numerics, and the
 difference is the execution gap miniTE measures.
+
+Temperature. A sampler at temperature T > 0 draws token x from softmax(z / T), z the fp32 logits, so
+the log-prob it reports is that distribution's,
+
+    log π_T(x) = z_x / T − logsumexp(z / T),
+
+and the trainer recomputes the same quantity (`Trainer(temperature=T)`): the PPO ratio and the
+importance weights (TIS, MIS, Geo-RS) compare the policy the trainer differentiates with the
+distribution the tokens were actually drawn from. Both sides take the tempered logits from `temper`
+(one fp32 division by the Python float T, skipped at T = 1 so those bits are the untempered ones), so a
+recipe whose logits agree bit for bit keeps log-probs that agree bit for bit at any T. Greedy decoding
+(T = 0, evals only) reports the untempered log-softmax: argmax has no distribution to temper, and
+nothing trains on those log-probs.
 """
 
 from __future__ import annotations
@@ -11,6 +24,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+
+def temper(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 `logits` / `temperature`: the logits of the distribution sampled at that temperature. At
+    1.0 (and at 0, greedy: module docstring) the logits themselves, not divided, so their bits are
+    those of the untempered path."""
+    if temperature in (0.0, 1.0):
+        return logits
+    if not temperature > 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    return logits / float(temperature)
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite.engines.base import Completion
+from minite.engines.base import Completion, temper
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
 from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
@@ -121,27 +121,34 @@ def forward(model: nn.Module, dtype: torch.dtype = torch.bfloat16, **inputs) -> 
 
 
 def _token_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """(N,) fp32 log-prob of `targets` (N,) given hidden states (N, H): lm_head, fp32 log-softmax."""
-    logits = F.linear(hidden, weight, bias).float()  # (N, V)
+    """(N,) fp32 log-prob of `targets` (N,) given hidden states (N, H): lm_head, fp32 logits divided by
+    `temperature` (minite.engines.base.temper), fp32 log-softmax."""
+    logits = temper(F.linear(hidden, weight, bias).float(), temperature)  # (N, V)
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
 class _CompletionLogprobs(torch.autograd.Function):
     """(N,) fp32 log-probs of `targets` given rows (N, H) and the lm_head, `chunk` rows at a time;
-    the backward recomputes each chunk (module docstring)."""
+    the backward recomputes each chunk (module docstring). At `temperature` T the log-softmax is of
+    the fp32 logits / T, and the backward divides its logit gradient by T as autograd's division does."""
 
     @staticmethod
-    def forward(ctx, rows, weight, bias, targets, chunk: int):
+    def forward(ctx, rows, weight, bias, targets, chunk: int, temperature: float = 1.0):
         out = torch.cat(
             [
-                _token_logprobs(rows[i : i + chunk], weight, bias, targets[i : i + chunk])
+                _token_logprobs(rows[i : i + chunk], weight, bias, targets[i : i + chunk], temperature)
                 for i in range(0, rows.shape[0], chunk)
             ]
         )
         ctx.save_for_backward(rows, weight, bias, targets)
         ctx.chunk = chunk
+        ctx.temperature = temperature
         return out
 
     @staticmethod
@@ -154,12 +161,12 @@ class _CompletionLogprobs(torch.autograd.Function):
         for i in range(0, rows.shape[0], ctx.chunk):
             r, t, g = rows[i : i + ctx.chunk], targets[i : i + ctx.chunk], grad[i : i + ctx.chunk]
             logits = F.linear(r, weight, bias)
-            logp = torch.log_softmax(logits.float(), dim=-1)  # (c, V)
+            logp = torch.log_softmax(temper(logits.float(), ctx.temperature), dim=-1)  # (c, V)
             grad_logp = torch.zeros_like(logp).scatter_(1, t[:, None], g[:, None].to(logp.dtype))
-            grad_logits = torch._log_softmax_backward_data(grad_logp, logp, -1, torch.float32).to(
-                logits.dtype
-            )
-            del logp, grad_logp
+            grad_z = torch._log_softmax_backward_data(grad_logp, logp, -1, torch.float32)
+            # d(z / T) / dz: the same fp32 division autograd's backward of `temper` does
+            grad_logits = temper(grad_z, ctx.temperature).to(logits.dtype)
+            del logp, grad_logp, grad_z
             if need_rows:
                 d_rows[i : i + ctx.chunk] = grad_logits @ weight  # F.linear's input gradient
             if need_w:
@@ -168,13 +175,16 @@ class _CompletionLogprobs(torch.autograd.Function):
                 d_b += grad_logits.float().sum(0)
         d_w = d_w.to(weight.dtype) if need_w else None
         d_b = d_b.to(bias.dtype) if need_b else None
-        return d_rows, d_w, d_b, None, None
+        return d_rows, d_w, d_b, None, None, None
 
 
 @contextlib.contextmanager
-def _logprob_head(head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tensor, chunk: int):
+def _logprob_head(
+    head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tensor, chunk: int, temperature: float = 1.0
+):
     """For one call of the model: its lm_head maps the final hidden states (B, L, H) to the (B, T)
-    log-probs of `targets` at `pred_index`, `chunk` tokens at a time (module docstring)."""
+    log-probs of `targets` at `pred_index` at `temperature`, `chunk` tokens at a time (module
+    docstring)."""
 
     def completion_logprobs(hidden: torch.Tensor) -> torch.Tensor:
         b, t = targets.shape
@@ -182,7 +192,7 @@ def _logprob_head(head: nn.Linear, pred_index: torch.Tensor, targets: torch.Tens
         rows = hidden.gather(1, idx).reshape(b * t, -1)  # (B*T, H)
         flat = targets.reshape(-1)
         # head.weight here is what the call runs on (functional_call's bf16 copy, FSDP's gathered one)
-        return _CompletionLogprobs.apply(rows, head.weight, head.bias, flat, chunk).view(b, t)
+        return _CompletionLogprobs.apply(rows, head.weight, head.bias, flat, chunk, temperature).view(b, t)
 
     if not isinstance(head, nn.Linear):
         raise TypeError(f"chunked log-probs need an nn.Linear lm_head, got {type(head).__name__}")
@@ -198,21 +208,25 @@ def sequence_logprobs(
     batch: TokenBatch,
     dtype: torch.dtype = torch.bfloat16,
     chunk_tokens: int | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """(B, T) fp32 log-probs of the completion tokens: one full-sequence forward. `chunk_tokens`: the
     lm_head and log-softmax in chunks of that many completion tokens (module docstring); None: the
-    model's logits at every position, then gathered (the reference: a (B, L, V) tensor)."""
+    model's logits at every position, then gathered (the reference: a (B, L, V) tensor).
+    `temperature` T: log-probs of softmax(logits / T), the distribution a sampler at T draws from
+    (minite.engines.base); at 1.0 no division runs, so the bits are the untempered ones."""
     pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     inputs = dict(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False
     )
     if chunk_tokens is not None:
-        with _logprob_head(model.get_output_embeddings(), batch.pred_index, batch.targets, chunk_tokens):
+        head = model.get_output_embeddings()
+        with _logprob_head(head, batch.pred_index, batch.targets, chunk_tokens, temperature):
             logp = forward(model, dtype, **inputs)  # the head's output: (B, T) log-probs
         return torch.where(batch.mask, logp, torch.zeros_like(logp))
     logits = forward(model, dtype, **inputs)
     idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
-    picked = logits.gather(1, idx).float()  # (B, T, V)
+    picked = temper(logits.gather(1, idx).float(), temperature)  # (B, T, V)
     logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
     return torch.where(batch.mask, logp, torch.zeros_like(logp))
 
@@ -234,7 +248,15 @@ class Trainer:
         grpo: GRPOConfig,
         seed: int = 0,
         device: torch.device | str | None = None,
+        temperature: float = 1.0,
     ):
+        # log-probs are those of softmax(logits / temperature): the rollout's sampling temperature
+        # (minite.engines.base), so ratios and importance weights compare like with like
+        if not (isinstance(temperature, int | float) and 0 < temperature < float("inf")):
+            raise ValueError(
+                f"Trainer: temperature must be a finite number > 0 (rollout.temperature), got {temperature!r}"
+            )
+        self.temperature = float(temperature)
         self.model = model.float().train()
         if device is not None:
             self.model.to(device)
@@ -250,8 +272,11 @@ class Trainer:
         )
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics."""
-        return sequence_logprobs(self.model, batch, self.dtype, self.optim_cfg.logprob_chunk)
+        """(B, T) fp32 log-probs of the completion tokens under the trainer's numerics, at
+        `self.temperature`."""
+        return sequence_logprobs(
+            self.model, batch, self.dtype, self.optim_cfg.logprob_chunk, temperature=self.temperature
+        )
 
     @property
     def device(self) -> torch.device:
