@@ -410,7 +410,7 @@ def markdown(report: dict[str, Any]) -> str:
 
             lines.append(
                 f"| {name} | {cell('total_ms')} | {cell('attention_ms')} | "
-                f"{_f(bd['attention_core_ms_per_layer'], '.1f')} | {cell('experts_ms')} | "
+                f"{_f(_core_ms(bd), '.1f')} | {cell('experts_ms')} | "
                 f"{cell('moe_other_ms')} | {cell('norms_residual_ms')} | "
                 f"{_f(bd['quantize_ms_per_quantized_layer'], '.1f')} | "
                 f"{_f(bd['nvfp4_gemm_ms_per_quantized_layer'], '.1f')} | {bd['optimizer_ms']:.1f} | "
@@ -427,6 +427,13 @@ def markdown(report: dict[str, Any]) -> str:
             + f". Assumption: {ex['assumption']}.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _core_ms(bd: dict[str, Any]) -> float | None:
+    """Attention core ms per layer; records written before the core could be fp32 name it by its fp64 form."""
+    if "attention_core_ms_per_layer" in bd:
+        return bd["attention_core_ms_per_layer"]
+    return bd.get("attention_fp64_core_ms_per_layer")
 
 
 def count(n: float) -> str:

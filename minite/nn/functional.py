@@ -5,8 +5,9 @@
     wgrad  dW = dyᵀ x     operands dyᵀ (N, M) and xᵀ (K, M), reduced over M (tokens)
 
 Every GEMM quantizes both operands along its reduction dim (NVFP4 blocks run along K of the MMA) and
-calls the reference W4A4 GEMM (`nvfp4_matmul_ref`): exact e2m1·e4m3 products, fp32 accumulation, decode
-scales in the epilogue. A None spec runs that operand in high precision. The reference stays the spec.
+calls the reference W4A4 GEMM (`nvfp4_matmul_ref`): exact e2m1·e4m3 products, an exact float64 sum
+rounded once to fp32, decode scales in the epilogue. A None spec runs that operand in high precision.
+The reference stays the spec.
 
 Execution path (`LinearNumerics.gemm`, from the recipe's `NumericsSpec.gemm`), on CUDA tensors:
 - "fused": the Triton kernels (minite.kernels via minite.numerics.dispatch): fused quantize, W4A4 GEMM;
@@ -15,8 +16,9 @@ Execution path (`LinearNumerics.gemm`, from the recipe's `NumericsSpec.gemm`), o
   significant bits, so these bf16 values are exact), a cuBLAS bf16 GEMM with fp32 accumulation and
   output, and the decode scales applied in fp32 afterwards, in the reference's order. (Folding s_dec
   into the bf16 operands instead would round every element: not the same numbers.)
-Both equal the reference up to fp32 summation order. On CPU every path is the reference call itself
-(bit for bit); `force_gemm_path` runs a given path on any device (tests).
+Both accumulate in fp32, so they equal the reference up to fp32 summation order (the reference's own
+float64 sum is exact and order-free). On CPU every path is the reference call itself (bit for bit);
+`force_gemm_path` runs a given path on any device (tests).
 
 Stochastic rounding draws come from a generator seeded per (layer seed, step, call), not from global
 RNG state, so a resumed run repeats the same draws.

@@ -1,8 +1,8 @@
 """Reference W4A4 GEMM: the pure-torch twin of the Triton kernels.
 
 out = A Bᵀ with A (M, K) and B (N, K) both NVFP4 along K. As on Hopper (no FP4 tensor cores) and on
-Blackwell alike, the MMA sees e2m1·e4m3 products, which are exact in bf16 and fp32; accumulation is
-fp32, and the two decode scales are applied once in the epilogue (alpha = s_dec_a · s_dec_b, an
+Blackwell alike, the MMA sees e2m1·e4m3 products, which are exact in bf16 and fp32; a hardware kernel
+accumulates in fp32, and the two decode scales are applied once in the epilogue (alpha = s_dec_a · s_dec_b, an
 outer product when the scopes are per row). Results differ between implementations only by fp32
 summation order.
 
@@ -10,7 +10,8 @@ The reference itself accumulates in float64 and rounds once to fp32: the product
 significant bits, so for realistic block-scale ranges the float64 sum is exact and the result does not
 depend on summation order at all — in particular a row's output does not depend on the other rows
 of the batch (batch invariance, so a sampler decoding one token at a time reproduces the trainer's
-full-sequence GEMM bit for bit). fp32 kernels match it to fp32-summation tolerance.
+full-sequence GEMM bit for bit; tests/numerics/test_gemm.py checks a row alone against the same row in
+a batch with torch.equal). fp32-accumulating kernels match it to fp32-summation tolerance.
 """
 
 import torch
