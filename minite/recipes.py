@@ -129,6 +129,17 @@ class Recipe:
             raise ConfigError(
                 f"recipe {self.name}: a quantized sampler needs weight_source 'reexport' or 'trainer'"
             )
+        # The sampler's weight format (minite.engines.weight_sync, the vLLM layout) carries one global
+        # scale per weight tensor; a per-row weight scope would need one per output row.
+        exported = self.trainer if self.sampler.weight_source == "trainer" else self.sampler
+        w = exported.fprop_weight
+        if self.sampler.quantized and w is not None and w.scope == "row":
+            which = "trainer" if exported is self.trainer else "sampler"
+            raise ConfigError(
+                f"recipe {self.name}: {which}.fprop_weight.scope='row' cannot be exported to the sampler "
+                "(its weights carry one global scale per tensor); use scope 'tensor' for weights "
+                "(per-row scopes are for activations and gradients)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
