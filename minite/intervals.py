@@ -1,8 +1,16 @@
 """Intervals over seeds, for the claims (minite.claims) and their figures: Student t for one mean, Welch's
-t for a difference of two (unequal variances, Welch-Satterthwaite degrees of freedom), a prediction
+t for a difference of two (unequal variances, Welch-Satterthwaite degrees of freedom), the paired t for a
+difference of two arms run on the same seeds, a prediction
 interval for one more seed, a seeded percentile bootstrap, and the seeds a t interval would need to be
 as narrow as asked. Every function takes plain floats; an interval of fewer than 2 values is undefined
 (NaN bounds), never a guess.
+
+Paired seeds. When seed s gives both arms the same base weights, data order, prompts and sampler seeds,
+the per-seed differences d_s = a_s - b_s remove what the seed shares: the interval of the mean
+difference is mean(d) ± t(n-1) sd(d) / sqrt(n) over the n seeds both arms ran. Welch's uses
+sqrt(var(a)/n_a + var(b)/n_b) instead; var(d) = var(a) + var(b) - 2 cov(a, b), so a positive
+correlation across seeds narrows the paired interval, and no correlation leaves the two about equal
+(the paired one has n - 1 degrees of freedom against Welch's up to 2n - 2).
 """
 
 from __future__ import annotations
@@ -83,6 +91,36 @@ def welch_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) 
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     h = t_quantile(level, df) * se
     return Interval(d, d - h, d + h, min(len(a), len(b)), "welch", se, df)
+
+
+def paired_differences(a: dict[Any, float], b: dict[Any, float]) -> list[float]:
+    """a[s] - b[s] for every seed s both arms have a finite value for, in seed order."""
+    out = []
+    for s in sorted(set(a) & set(b)):
+        x, y = a[s], b[s]
+        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+            out.append(float(x) - float(y))
+    return out
+
+
+def paired_interval(a: dict[Any, float], b: dict[Any, float], level: float = 0.95) -> Interval:
+    """Interval of mean(a - b) over the seeds both arms ran (keys: seed), by the paired t: the t
+    interval of the per-seed differences. Equal to scipy.stats.ttest_rel(a, b).confidence_interval."""
+    t = t_interval(paired_differences(a, b), level)
+    return Interval(t.mean, t.lo, t.hi, t.n, "paired", t.sd, t.df)
+
+
+def seeds_needed_paired(sd_diff: float, room: float, level: float = 0.95, n_max: int = 1000) -> int | None:
+    """Seeds (pairs) at which the paired half-width t(n-1) sd_diff / sqrt(n) drops below `room`, from the
+    spread of the per-seed differences. None when `room` <= 0 or it takes more than `n_max`."""
+    if not (room > 0 and math.isfinite(sd_diff)):
+        return None
+    if sd_diff == 0:
+        return 2
+    for n in range(2, n_max + 1):
+        if t_quantile(level, n - 1) * sd_diff / math.sqrt(n) < room:
+            return n
+    return None
 
 
 def prediction_interval(xs: Sequence[float], level: float = 0.95) -> Interval:

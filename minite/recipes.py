@@ -22,6 +22,12 @@ The three recipes of the paper (DESIGN.md, "The three recipes"):
   kernels. The backward is free to use
   SR/RHT: it does not change the policy being sampled.
 
+A fourth recipe separates format from execution: `bf16_aligned` runs `minite`'s execution (everything
+above except the NVFP4 GEMMs) with bf16 weights and activations, so its gap is exactly 0 in bf16. The
+2x2 {bf16, NVFP4} x {each engine's own, aligned} = bf16, bf16_aligned, te_nvfp4, minite lets the
+claims report estimate the alignment effect within each format and the format effect within aligned
+execution (minite/claims.py).
+
 Recipes live in Python (this registry) and in YAML (configs/recipes/, configs/ablations/). A YAML file
 may `extends:` another recipe and override single fields, which is how ablations switch one alignment
 component at a time.
@@ -204,7 +210,28 @@ MINITE = Recipe(
     description="aligned: sampler executes the trainer's exact forward numerics",
 )
 
-REGISTRY: dict[str, Recipe] = {r.name: r for r in (BF16, TE_NVFP4, MINITE)}
+# `minite`'s execution with nothing quantized: the same fp32 router, norms and RoPE, deterministic
+# top-k, the fixed attention core and batch-invariant bf16 linears on both engines, bf16 weights and
+# activations. The sampler loads the master weights cast to bf16, the copies the trainer's forward runs
+# on, so the gap is exactly 0 in bf16 as it is for `minite` in NVFP4. With it the main arms form a 2x2,
+# format {bf16, NVFP4} x execution {each engine's own, aligned}: bf16, bf16_aligned, te_nvfp4, minite.
+_ALIGNED_BF16 = NumericsSpec(
+    fp32_router=True,
+    fp32_norm=True,
+    deterministic_topk=True,
+    rope="fp32",
+    attention="fixed",
+    bf16_linears="invariant",
+)
+
+BF16_ALIGNED = Recipe(
+    "bf16_aligned",
+    trainer=_ALIGNED_BF16,
+    sampler=_ALIGNED_BF16,
+    description="aligned bf16: minite's execution (same kernels on both engines) in bf16",
+)
+
+REGISTRY: dict[str, Recipe] = {r.name: r for r in (BF16, TE_NVFP4, MINITE, BF16_ALIGNED)}
 
 
 def recipe_from_dict(data: dict[str, Any], where: str = "recipe") -> Recipe:

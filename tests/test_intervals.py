@@ -60,3 +60,40 @@ def test_seeds_needed_by_hand():
     assert I.seeds_needed(0.03, 0.03, 0.0) is None
     assert I.seeds_needed(0.0, 0.0, 0.01) == 2
     assert I.seeds_needed(1.0, 1.0, 1e-4, n_max=50) is None
+
+
+# fixed data: 6 seeds of two arms sharing a seed effect (correlated), one seed missing from each arm
+_A = {0: 0.61, 1: 0.48, 2: 0.72, 3: 0.55, 4: 0.66, 5: 0.40, 7: 0.9}
+_B = {0: 0.57, 1: 0.47, 2: 0.65, 3: 0.55, 4: 0.60, 5: 0.33, 6: 0.1}
+
+
+@pytest.mark.parametrize("level", [0.95, 0.9])
+def test_paired_interval_equals_scipy(level):
+    from scipy import stats
+
+    seeds = sorted(set(_A) & set(_B))
+    a, b = [_A[s] for s in seeds], [_B[s] for s in seeds]
+    ci = stats.ttest_rel(a, b).confidence_interval(confidence_level=level)
+    iv = I.paired_interval(_A, _B, level)
+    assert iv.n == 6 and iv.df == 5 and iv.method == "paired"
+    assert iv.mean == pytest.approx(sum(a) / 6 - sum(b) / 6, abs=1e-12)
+    assert iv.lo == pytest.approx(ci.low, abs=1e-12) and iv.hi == pytest.approx(ci.high, abs=1e-12)
+    # the same seeds, unpaired: Welch's equals scipy's Welch t interval, and is wider here (the seeds
+    # correlate the arms, which the paired interval removes)
+    w = stats.ttest_ind(a, b, equal_var=False).confidence_interval(confidence_level=level)
+    welch = I.welch_interval(a, b, level)
+    assert welch.lo == pytest.approx(w.low, abs=1e-12) and welch.hi == pytest.approx(w.high, abs=1e-12)
+    assert iv.half_width < welch.half_width
+
+
+def test_paired_differences_take_common_finite_seeds_only():
+    assert I.paired_differences({0: 1.0, 1: 2.0, 2: float("nan")}, {1: 0.5, 2: 1.0, 3: 4.0}) == [1.5]
+    assert math.isnan(I.paired_interval({0: 1.0}, {0: 0.0}).lo)
+
+
+def test_seeds_needed_paired_by_hand():
+    # sd of the differences 0.03, room 0.03: n = 6 gives 2.570582 * 0.03 / sqrt(6) = 0.0315 (not yet),
+    # n = 7 gives 2.446912 * 0.03 / sqrt(7) = 0.0277 < 0.03
+    assert I.seeds_needed_paired(0.03, 0.03) == 7
+    assert I.seeds_needed_paired(0.03, 0.0) is None
+    assert I.seeds_needed_paired(0.0, 0.01) == 2
