@@ -48,10 +48,12 @@ that counts; CI is the interval above.
       inconclusive; the corrections' effect over the naive arm is reported beside it.
   C2, C3 and C4 give "reproduced" or "not reproduced" only when every arm they compare ran at least
   `min_seeds` seeds (default 3; fewer: inconclusive, "run >= 3 seeds").
-  C5  from the committed GPU benchmarks (results/bench/learner_h200*.json): the latest run's median
-      (and fastest-update) learner tokens/s ratios minite/bf16 and minite/te_nvfp4. The claim is about
-      a B300 (FP4 tensor cores); on a GPU without FP4 MMA it cannot be settled: inconclusive, with what
-      holds there and why.
+  C5  from the committed GPU benchmarks (results/bench/learner_h200*.json) alone: each part, minite
+      against bf16 and against te_nvfp4, from the latest record that measured both recipes (median and
+      fastest-update learner tokens/s ratio); a part no record measured is reported as unmeasured. The
+      claim is about FP4 tensor cores (B300): measured on such a GPU, reproduced when both ratios are
+      > 1, not reproduced when one is < 1; measured only on a GPU without FP4 MMA (an H200), or with a
+      part unmeasured, inconclusive, stating what holds on that GPU.
 Dose-response: every dose arm (and the naive arm) against the aligned arm, ordered by measured gap;
 quality there is the in-loop greedy accuracy at the arm's last step, compared with the aligned arm's
 at the same step (dose arms may run a shorter horizon: `run_overrides`); learning "degrades" at the
@@ -399,24 +401,25 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+# GPUs with FP4 tensor cores (Blackwell: B200, B300, GB200, GB300), by the device name a benchmark
+# record carries; on any other GPU an NVFP4 GEMM is a dequantize + bf16 MMA
+_FP4_MMA = ("B200", "B300", "GB200", "GB300", "RTX PRO 6000 Blackwell")
+
+
+def has_fp4_mma(device_name: str) -> bool:
+    return any(tag in device_name for tag in _FP4_MMA)
+
+
 def claim_c5(bench: str | Path | None) -> dict[str, Any]:
-    """Learner speed from the committed H200 benchmarks (module docstring)."""
+    """Learner speed from the committed GPU benchmarks alone (module docstring): each part of the claim
+    ("faster than BF16", "faster than TE NVFP4") is read from the latest record that measured both
+    recipes of that part; a part no record measured is said to be unmeasured, never assumed."""
     files = _bench_files(bench) if bench else []
     runs = []
     for f in files:
         d = _read_json(f)
-        rec = d.get("recipes") or {}
-        if d.get("kind") != "learner" or "bf16" not in rec:
-            continue
-        runs.append((d.get("environment", {}).get("date", ""), f, d))
-    if not runs:
-        return _claim(
-            "C5",
-            INCONCLUSIVE,
-            [f"no learner benchmark JSON under {bench}"],
-            {},
-            "run `minite bench learner` on a B300 (and on an H200 for what holds there)",
-        )
+        if d.get("kind") == "learner" and d.get("recipes"):
+            runs.append((d.get("environment", {}).get("date", ""), f, d))
     runs.sort(key=lambda x: x[0])
 
     def tps(d: dict, name: str, best: bool = False) -> float | None:
@@ -427,53 +430,64 @@ def claim_c5(bench: str | Path | None) -> dict[str, Any]:
             return r["tokens"] / min(r["times"])
         return r.get("tokens_per_s")
 
-    date, f_latest, latest = runs[-1]
-    with_te = [x for x in runs if "te_nvfp4" in (x[2].get("recipes") or {})]
-    dev = (latest.get("device") or {}).get("name", "?")
-    m_b, m_b_best = tps(latest, "minite"), tps(latest, "minite", True)
-    b, b_best = tps(latest, "bf16"), tps(latest, "bf16", True)
-    numbers: dict[str, Any] = {
-        "device": dev,
-        "file": _shown(f_latest),
-        "date": date,
-        "minite_over_bf16_median": m_b / b if m_b and b else None,
-        "minite_over_bf16_best": m_b_best / b_best if m_b_best and b_best else None,
-        "shape": (latest.get("shape") or {}).get("name"),
-        "layers": (latest.get("shape") or {}).get("num_hidden_layers"),
-    }
-    ev = [
-        f"{dev}, {numbers['shape']} layer shapes x {numbers['layers']} layers (`{numbers['file']}`, {date}): "
-        "minite "
-        f"{m_b:,.0f} tokens/s vs bf16 {b:,.0f}: {numbers['minite_over_bf16_median']:.2f}x by the median "
-        f"update, {numbers['minite_over_bf16_best']:.2f}x by the fastest"
-        if m_b and b
-        else f"{numbers['file']}: no minite measurement"
-    ]
-    if with_te:
-        dte, fte, dt = with_te[-1]
-        mt, tt = tps(dt, "minite"), tps(dt, "te_nvfp4")
-        if mt and tt:
-            numbers["minite_over_te_nvfp4_median"] = mt / tt
-            numbers["te_file"] = _shown(fte)
-            ev.append(
-                "against the TE-style trainer (emulated NVFP4 GEMMs: Hopper has no FP4 MMA; "
-                f"`{numbers['te_file']}`, {dte}): "
-                f"minite {mt:,.0f} vs te_nvfp4 {tt:,.0f} tokens/s = {mt / tt:.1f}x"
+    numbers: dict[str, Any] = {}
+    ev: list[str] = []
+    parts: dict[str, dict[str, Any]] = {}
+    for other in ("bf16", "te_nvfp4"):
+        measured = [x for x in runs if tps(x[2], "minite") and tps(x[2], other)]
+        if not measured:
+            ev.append(f"minite against {other}: no committed learner benchmark measured both")
+            continue
+        date, f, d = measured[-1]
+        dev = (d.get("device") or {}).get("name", "?")
+        med = tps(d, "minite") / tps(d, other)
+        best_m, best_o = tps(d, "minite", True), tps(d, other, True)
+        best = best_m / best_o if best_m and best_o else None
+        parts[other] = {"ratio": med, "device": dev, "fp4_mma": has_fp4_mma(dev)}
+        numbers[f"minite_over_{other}_median"] = med
+        numbers[f"minite_over_{other}_best"] = best
+        numbers[f"{other}_file"] = _shown(f)
+        numbers[f"{other}_device"] = dev
+        numbers[f"{other}_date"] = date
+        if other == "bf16":  # the main comparison, also under the keys the report reads
+            numbers.update(
+                device=dev,
+                file=_shown(f),
+                date=date,
+                shape=(d.get("shape") or {}).get("name"),
+                layers=(d.get("shape") or {}).get("num_hidden_layers"),
             )
-    ev.append(
-        "why: on Hopper a W4A4 GEMM is an in-register dequantize + bf16 MMA (no FP4 tensor cores), so it "
-        "cannot beat bf16's MMA rate, and NVFP4 adds work bf16 does not do (quantizing every GEMM operand) "
-        "plus the aligned recipe's fixed-order attention and batch-invariant reductions; the TE-style "
-        "trainer is slower still because it emulates NVFP4 unfused"
-    )
-    return _claim(
-        "C5",
-        INCONCLUSIVE,
-        ev,
-        numbers,
-        "a B300 (FP4 tensor cores): `minite bench learner` with the same shapes there; on the H200 the part "
-        "'faster than TE NVFP4' holds and 'faster than BF16' does not",
-    )
+        shape = (d.get("shape") or {}).get("name")
+        layers = (d.get("shape") or {}).get("num_hidden_layers")
+        where = f"{dev}, {shape} layer shapes x {layers} layers (`{_shown(f)}`, {date})"
+        ev.append(
+            f"{where}: minite {tps(d, 'minite'):,.0f} tokens/s vs {other} {tps(d, other):,.0f}: "
+            f"{med:.2f}x by the median update"
+            + (f", {best:.2f}x by the fastest" if best else "")
+            + f"; 'faster than {other}' {'holds' if med > 1 else 'does not hold'} on this GPU"
+        )
+    if not runs:
+        ev = [f"no learner benchmark JSON under {bench}"]
+    if any(not p["fp4_mma"] for p in parts.values()):
+        ev.append(
+            "why it cannot settle the claim there: without FP4 tensor cores a W4A4 GEMM is an in-register "
+            "dequantize + bf16 MMA, so it cannot beat bf16's MMA rate, and NVFP4 adds work bf16 does not do "
+            "(quantizing every GEMM operand)"
+        )
+    settled = {k: p for k, p in parts.items() if p["fp4_mma"]}
+    todo = []
+    if "bf16" not in settled or "te_nvfp4" not in settled:
+        missing = [k for k in ("bf16", "te_nvfp4") if k not in settled]
+        todo.append(
+            "`minite bench learner` with minite, "
+            + " and ".join(missing)
+            + " in one record on a GPU with FP4 tensor cores (B300)"
+        )
+    if any(p["ratio"] < 1 for p in settled.values()):
+        return _claim("C5", NOT_REPRODUCED, ev, numbers)
+    if len(settled) == 2:
+        return _claim("C5", REPRODUCED, ev, numbers)
+    return _claim("C5", INCONCLUSIVE, ev, numbers, "; ".join(todo))
 
 
 def dose_response(

@@ -21,7 +21,8 @@ RULES = (
     "other execution has a gap > 0. C2: no non-finite step, no collapse, and CI(aligned − bf16) > −δ. "
     "C3: CI(naive − aligned) < 0 (not reproduced if CI > −δ). C4: aligned gap 0 with the plain objective, "
     "every correction keeps a gap > 0 and none is better than alignment by δ (not reproduced if one is "
-    "better with confidence). C5: committed GPU learner benchmarks; a B300 claim."
+    "better with confidence). C5: the committed GPU learner benchmarks alone, each part from a record "
+    "that measured both recipes; settled only on a GPU with FP4 tensor cores (the claim is a B300 one)."
 )
 
 

@@ -315,23 +315,28 @@ def test_one_seed_is_inconclusive_not_a_verdict():
 # --- C5 ------------------------------------------------------------------------------------------------
 
 
+def _bench(folder, name, date, recipes, device="NVIDIA H200"):
+    rec = {
+        r: {"tokens": 8192, "tokens_per_s": tps, "times": [8192 / best, 8192 / tps]}
+        for r, (tps, best) in recipes.items()
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(
+        json.dumps(
+            {
+                "kind": "learner",
+                "device": {"name": device},
+                "environment": {"date": date},
+                "recipes": rec,
+                "shape": {"name": "qwen3-30b-a3b", "num_hidden_layers": 7},
+            }
+        )
+    )
+
+
 def test_c5_from_bench_jsons(tmp_path):
     def bench(name, date, recipes):
-        rec = {
-            r: {"tokens": 8192, "tokens_per_s": tps, "times": [8192 / best, 8192 / tps]}
-            for r, (tps, best) in recipes.items()
-        }
-        (tmp_path / name).write_text(
-            json.dumps(
-                {
-                    "kind": "learner",
-                    "device": {"name": "NVIDIA H200"},
-                    "environment": {"date": date},
-                    "recipes": rec,
-                    "shape": {"name": "qwen3-30b-a3b", "num_hidden_layers": 7},
-                }
-            )
-        )
+        _bench(tmp_path, name, date, recipes)
 
     bench(
         "learner_h200.json",
@@ -348,6 +353,34 @@ def test_c5_from_bench_jsons(tmp_path):
     assert n["minite_over_te_nvfp4_median"] == pytest.approx(12.5)  # from the latest file that has te_nvfp4
     assert "B300" in c5["to_settle"]
     assert C.claim_c5(tmp_path / "none")["verdict"] == "inconclusive"
+    ev = " ".join(c5["evidence"])
+    assert "'faster than bf16' does not hold" in ev and "'faster than te_nvfp4' holds" in ev
+
+
+def test_c5_says_nothing_of_te_nvfp4_without_a_record_that_measured_it(tmp_path):
+    _bench(
+        tmp_path, "learner_h200.json", "2026-12-01T09:00", {"bf16": (20000, 20000), "minite": (8000, 11000)}
+    )
+    c5 = C.claim_c5(tmp_path)
+    assert c5["verdict"] == "inconclusive"
+    assert not any(k.startswith("minite_over_te_nvfp4") for k in c5["numbers"])
+    te_lines = [e for e in c5["evidence"] if "te_nvfp4" in e or "TE" in e]
+    assert te_lines == ["minite against te_nvfp4: no committed learner benchmark measured both"]
+
+
+@pytest.mark.parametrize(
+    ("bf16", "te", "verdict"),
+    [(10000, 500, "reproduced"), (30000, 500, "not reproduced"), (10000, None, "inconclusive")],
+)
+def test_c5_on_a_gpu_with_fp4_tensor_cores(tmp_path, bf16, te, verdict):
+    recipes = {"bf16": (bf16, bf16), "minite": (20000, 20000)}
+    if te:
+        recipes["te_nvfp4"] = (te, te)
+    _bench(tmp_path, "learner_h200_b300.json", "2026-12-05T09:00", recipes, device="NVIDIA B300")
+    c5 = C.claim_c5(tmp_path)
+    assert c5["verdict"] == verdict
+    if verdict == "inconclusive":
+        assert "te_nvfp4" in c5["to_settle"]
 
 
 def test_c5_on_the_committed_benchmarks():
@@ -363,9 +396,13 @@ def test_c5_on_the_committed_benchmarks():
         r["minite"]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
     )
     assert c5["numbers"]["minite_over_bf16_median"] < 1  # Hopper: no FP4 MMA (module docstring)
-    assert c5["verdict"] != "reproduced"
-    if any("te_nvfp4" in d["recipes"] for d in runs):
-        assert c5["numbers"]["minite_over_te_nvfp4_median"] > 1
+    assert c5["verdict"] == "inconclusive"  # an H200 has no FP4 tensor cores
+    measured_te = [d for d in runs if {"minite", "te_nvfp4"} <= set(d["recipes"])]
+    assert ("minite_over_te_nvfp4_median" in c5["numbers"]) == bool(measured_te)
+    if not measured_te:  # nothing said of te_nvfp4 but that no record measured it
+        text = " ".join(c5["evidence"])
+        assert "te_nvfp4: no committed learner benchmark measured both" in text
+        assert "slower" not in text and "'faster than te_nvfp4' holds" not in text
 
 
 # --- the verb ------------------------------------------------------------------------------------------
