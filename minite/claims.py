@@ -19,8 +19,17 @@ Per-seed numbers (quality, loop_eval, reward windows, gap, ...): minite.claims_s
 
 Intervals, at `level` (default 0.95), over seeds (minite.intervals):
   one arm's mean:       Student t, mean ± t(n-1) · s / sqrt(n)          (`t_interval`)
-  a difference A - B:   Welch's t, unequal variances, Welch-Satterthwaite degrees of freedom
-                        (`welch_interval`); seeds are not paired (the arms' rollouts differ)
+  a difference A - B:   paired t over the seeds both arms ran (`paired_interval`: the t interval of
+                        the per-seed differences) when the design pairs (`paired`, default true),
+                        Welch's t beside it (`welch_interval`, unequal variances, Welch-Satterthwaite
+                        degrees of freedom); Welch's alone with `paired: false`
+  Why seeds pair: seed s gives every arm the same base weights (one prepared model per profile), the
+  same per-step problem sets and sampling seeds (minite.rl.rollout.step_prompts is a function of
+  (seed, step) alone: seed·1_000_003 + step seeds both the problem draw and the sampler), the same
+  stochastic-rounding seed source (minite.nn.functional.SeedSource(seed)) and the same eval slice. What
+  differs is only what the arm changes; the sampled tokens then differ as the policies do. Not paired:
+  the extra generation batches of dynamic sampling (how many are drawn follows the rewards), and the
+  dose-response, which compares arms run with one seed against the aligned arm's prediction interval.
   beside the t interval of a mean, a percentile bootstrap (`bootstrap_interval`, seeded). With 3 seeds
   the bootstrap is narrow by construction (27 resamples); the verdicts use the t intervals.
 An interval of fewer than 2 seeds is undefined (NaN) and every verdict that needs it is inconclusive.
@@ -63,7 +72,8 @@ sqrt(1 + 1/n) (`prediction_interval`).
 
 When a verdict is inconclusive the result says what would settle it: for a difference whose CI is too
 wide, the seeds per arm at which the t half-width, with the observed standard deviations, would be
-small enough (`seeds_needed`).
+small enough (`seeds_needed`; for a paired interval from the spread of the per-seed differences,
+`seeds_needed_paired`).
 """
 
 from __future__ import annotations
@@ -90,8 +100,11 @@ from minite.intervals import (
     _clean,
     _sd,
     bootstrap_interval,
+    paired_differences,
+    paired_interval,
     prediction_interval,
     seeds_needed,
+    seeds_needed_paired,
     t_interval,
     welch_interval,
 )
@@ -146,15 +159,57 @@ def _vals(
     return [v for v in arm[key]["values"] if v is not None]
 
 
-def _diff(a: dict[str, Any], b: dict[str, Any], level: float, key: str = "quality") -> Interval:
-    """Welch interval of a - b. Quality of two arms that ran different horizons is compared at the
-    shorter one's last step, by the in-loop greedy accuracy (lm-eval scores only final checkpoints)."""
+def _seed_vals(
+    arm: dict[str, Any], key: str = "quality", horizon: int | None = None, eval_before: int | None = None
+) -> dict[int, float]:
+    """{seed: value} of one arm (the pairing key of paired intervals); quality at a `horizon` as `_vals`."""
+    rows = arm.get("_rows", [])
+    if key == "quality" and horizon is not None and rows:
+        w = rows[0]["window"]
+        return {r["seed"]: at_step(r, horizon, w, eval_before)["loop_eval"] for r in rows}
+    return {r["seed"]: r[key] for r in rows}
+
+
+def _diff_pair(
+    a: dict[str, Any], b: dict[str, Any], level: float, key: str = "quality"
+) -> tuple[Interval, Interval]:
+    """(the interval the verdicts use, Welch's) of a - b. The first is the paired t over the seeds both
+    arms ran when the design pairs (`paired`, every arm flagged by `evaluate`) and at least 2 seeds
+    match, else Welch's. Quality of two arms that ran different horizons is compared at the shorter
+    one's last step, by the in-loop greedy accuracy (lm-eval scores only final checkpoints)."""
+    basis = ""
     if key == "quality" and a["steps"] != b["steps"]:
         h = min(a["steps"], b["steps"])
         e = common_eval_bound(a.get("_rows", []) + b.get("_rows", []), h)
-        iv = welch_interval(_vals(a, key, h, e), _vals(b, key, h, e), level)
-        return Interval(iv.mean, iv.lo, iv.hi, iv.n, f"welch, in-loop eval at step {e - 1}", iv.sd, iv.df)
-    return welch_interval(_vals(a, key), _vals(b, key), level)
+        va, vb = _seed_vals(a, key, h, e), _seed_vals(b, key, h, e)
+        basis = f", in-loop eval at step {e - 1}"
+        w = welch_interval(_vals(a, key, h, e), _vals(b, key, h, e), level)
+    else:
+        va, vb = _seed_vals(a, key), _seed_vals(b, key)
+        w = welch_interval(_vals(a, key), _vals(b, key), level)
+    w = Interval(w.mean, w.lo, w.hi, w.n, f"welch{basis}", w.sd, w.df)
+    if a.get("_paired") and b.get("_paired") and len(paired_differences(va, vb)) >= 2:
+        p = paired_interval(va, vb, level)
+        return Interval(p.mean, p.lo, p.hi, p.n, f"paired{basis}", p.sd, p.df), w
+    return w, w
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any], level: float, key: str = "quality") -> Interval:
+    """The interval of a - b the verdicts use (`_diff_pair`)."""
+    return _diff_pair(a, b, level, key)[0]
+
+
+def _shown_diff(a: dict[str, Any], b: dict[str, Any], level: float) -> str:
+    """A difference as the evidence prints it: the verdict's interval, and Welch's beside a paired one."""
+    d, w = _diff_pair(a, b, level)
+    if d.method.startswith("paired"):
+        return f"{fmt_interval(d)} (paired over {d.n} seeds{_basis(d)}; Welch {fmt_interval(w)})"
+    return f"{fmt_interval(d)}{_basis(d)}"
+
+
+def _diff_numbers(a: dict[str, Any], b: dict[str, Any], level: float) -> dict[str, Any]:
+    d, w = _diff_pair(a, b, level)
+    return {**d.to_dict(), "welch": w.to_dict()}
 
 
 def _sd_of(arm: dict[str, Any], key: str = "quality", horizon: int | None = None) -> float:
@@ -179,18 +234,23 @@ def fmt_interval(iv: Interval | dict[str, Any], spec: str = ".3f") -> str:
 def _settle(iv: Interval, sd_a: float, sd_b: float, level: float, options: list[tuple[float, str]]) -> str:
     """What would settle a comparison whose interval is too wide: for each (room, outcome), the
     seeds per arm at which the half-width drops below `room` (the distance from the observed
-    difference to the bound that decides `outcome`), if the difference and spread stay as observed."""
+    difference to the bound that decides `outcome`), if the difference and spread stay as observed.
+    A paired interval uses the spread of the per-seed differences (`iv.sd`), Welch's the two arms'."""
     if iv.n < 2:
         return "run >= 2 seeds per arm (3 or more for a useful interval)"
+    paired = iv.method.startswith("paired")
     best: tuple[int, str] | None = None
     for room, outcome in options:
-        n = seeds_needed(sd_a, sd_b, room, level)
-        n = max(n, iv.n + 1) if n is not None else None  # Welch's df is below 2n - 2: never fewer
+        n = seeds_needed_paired(iv.sd, room, level) if paired else seeds_needed(sd_a, sd_b, room, level)
+        n = max(n, iv.n + 1) if n is not None else None  # it is too wide at iv.n: never fewer
         if n is not None and (best is None or n < best[0]):
             best = (n, outcome)
     if best is None:
         return "no practical number of seeds would decide it at the observed difference and spread"
-    return f"~{best[0]} seeds per arm would give '{best[1]}' if the difference stays at {iv.mean:+.3f}"
+    spread = " (from the spread of the paired differences)" if paired else ""
+    return (
+        f"~{best[0]} seeds per arm would give '{best[1]}' if the difference stays at {iv.mean:+.3f}{spread}"
+    )
 
 
 # --- the claims -----------------------------------------------------------------------------------------
@@ -292,13 +352,18 @@ def claim_c2(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
     ]
     stable = al["nonfinite"] == 0 and not collapsed
     d = _diff(al, bf, level)
-    numbers = {"difference": d.to_dict(), "stable": stable, "collapsed_seeds": collapsed, "margin": margin}
+    numbers = {
+        "difference": _diff_numbers(al, bf, level),
+        "stable": stable,
+        "collapsed_seeds": collapsed,
+        "margin": margin,
+    }
     ev = [
         f"{aligned}: quality {fmt_interval(al['quality'])}, reward {fmt_interval(al['reward_first'])} -> "
         f"{fmt_interval(al['reward_last'])}, non-finite steps {al['nonfinite']}, seeds whose reward fell by "
         f"more than {margin}: {collapsed or 'none'}",
         f"{base}: quality {fmt_interval(bf['quality'])}",
-        f"{aligned} - {base} quality: {fmt_interval(d)}{_basis(d)} (non-inferiority margin -{margin})",
+        f"{aligned} - {base} quality: {_shown_diff(al, bf, level)} (non-inferiority margin -{margin})",
     ]
     if not stable or (math.isfinite(d.hi) and d.hi < -margin):
         return _claim("C2", NOT_REPRODUCED, ev, numbers)
@@ -315,15 +380,14 @@ def claim_c3(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
         return _missing("C3", miss)
     te, al = arms[naive], arms[aligned]
     d = _diff(te, al, level)
-    numbers: dict[str, Any] = {"difference_vs_aligned": d.to_dict(), "margin": margin}
+    numbers: dict[str, Any] = {"difference_vs_aligned": _diff_numbers(te, al, level), "margin": margin}
     ev = [
         f"{naive}: quality {fmt_interval(te['quality'])}; {aligned}: {fmt_interval(al['quality'])}",
-        f"{naive} - {aligned}: {fmt_interval(d)}{_basis(d)}",
+        f"{naive} - {aligned}: {_shown_diff(te, al, level)}",
     ]
     if base in arms:
-        db = _diff(te, arms[base], level)
-        numbers["difference_vs_baseline"] = db.to_dict()
-        ev.append(f"{naive} - {base}: {fmt_interval(db)}")
+        numbers["difference_vs_baseline"] = _diff_numbers(te, arms[base], level)
+        ev.append(f"{naive} - {base}: {_shown_diff(te, arms[base], level)}")
     if math.isfinite(d.hi) and d.hi < 0:
         return _claim("C3", REPRODUCED, ev, numbers)
     if math.isfinite(d.lo) and d.lo > -margin:
@@ -352,18 +416,18 @@ def claim_c4(arms: dict[str, dict], roles: dict[str, Any], level: float, margin:
     better, not_worse = [], []
     for c in corr:
         a = arms[c]
-        dc, dn = _diff(a, al, level), _diff(a, te, level)
+        dc = _diff(a, al, level)
         numbers["corrections"][c] = {
             "keys": a["corrections"],
             "gap": a["gap"],
             "gap_positive": a["gap_positive"],
-            "minus_aligned": dc.to_dict(),
-            "minus_naive": dn.to_dict(),
+            "minus_aligned": _diff_numbers(a, al, level),
+            "minus_naive": _diff_numbers(a, te, level),
         }
         ev.append(
             f"{c} ({'+'.join(a['corrections']) or 'no key?'}): gap {fmt_interval(a['gap'], '.2e')}, "
             f"{a['steps']} steps, final exact match {fmt_interval(a['quality'])}; - {aligned}: "
-            f"{fmt_interval(dc)}{_basis(dc)}; - {naive}: {fmt_interval(dn)}{_basis(dn)}"
+            f"{_shown_diff(a, al, level)}; - {naive}: {_shown_diff(a, te, level)}"
         )
         if math.isfinite(dc.lo) and dc.lo > 0:
             better.append(c)
@@ -582,12 +646,14 @@ def evaluate(
     margin: float = 0.05,
     bench: str | Path | None = None,
     min_seeds: int = 3,
+    paired: bool = True,
 ) -> dict[str, Any]:
-    """Everything `claims.json` holds: the arms, C1-C5, the dose-response and the learning lines."""
+    """Everything `claims.json` holds: the arms, C1-C5, the dose-response and the learning lines.
+    `paired`: the design pairs seeds across arms (module docstring), so differences use paired t."""
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for r in seeds:
         by_arm.setdefault(r["run"], []).append(r)
-    arms = {n: arm_summary(rows, level) for n, rows in by_arm.items()}
+    arms = {n: {**arm_summary(rows, level), "_paired": paired} for n, rows in by_arm.items()}
     public = {n: {k: v for k, v in a.items() if not k.startswith("_")} for n, a in arms.items()}
     main = [roles[k] for k in ("baseline", "naive", "aligned") if roles.get(k)]
 
@@ -607,6 +673,7 @@ def evaluate(
         "level": level,
         "margin": margin,
         "min_seeds": min_seeds,
+        "paired": paired,
         "roles": roles,
         "arms": public,
         "claims": claims,

@@ -282,9 +282,46 @@ def test_arms_of_different_horizons_compare_at_the_shorter_one():
     corr = res["claims"]["C4"]["numbers"]["corrections"]["te_nvfp4_tis"]
     # (0.51, 0.50, 0.52) at step 149 against minite's 0.50 there
     assert corr["minus_aligned"]["mean"] == pytest.approx(0.01)
-    assert corr["minus_aligned"]["method"] == "welch, in-loop eval at step 149"
+    assert corr["minus_aligned"]["method"] == "paired, in-loop eval at step 149"
+    assert corr["minus_aligned"]["welch"]["method"] == "welch, in-loop eval at step 149"
+    assert corr["minus_aligned"]["welch"]["mean"] == pytest.approx(0.01)
     assert "in-loop eval at step 149" in " ".join(res["claims"]["C4"]["evidence"])
     assert "_rows" not in res["arms"]["minite"]
+
+
+def test_verdicts_use_the_paired_interval_where_seeds_pair():
+    """A seed effect shared by both arms (seed 0 low, seed 2 high) makes Welch's interval wide; the
+    per-seed differences are all about -0.03, so the paired interval decides C3."""
+    from scipy import stats
+
+    q = {**BASE, "minite": [0.30, 0.50, 0.70], "te_nvfp4": [0.28, 0.47, 0.67]}
+    v, res = verdicts(arms(q))
+    d = res["claims"]["C3"]["numbers"]["difference_vs_aligned"]
+    ci = stats.ttest_rel(q["te_nvfp4"], q["minite"]).confidence_interval(0.95)
+    assert d["method"] == "paired" and d["lo"] == pytest.approx(ci.low) and d["hi"] == pytest.approx(ci.high)
+    assert d["welch"]["lo"] < -0.3 and d["welch"]["hi"] > 0.3
+    assert v["C3"] == "reproduced" and res["paired"] is True
+    assert "paired over 3 seeds" in " ".join(res["claims"]["C3"]["evidence"])
+    v, res = verdicts(arms(q), paired=False)
+    assert v["C3"] == "inconclusive"
+    assert res["claims"]["C3"]["numbers"]["difference_vs_aligned"]["method"] == "welch"
+    # only the seeds both arms ran are paired
+    rows = [r for r in arms(q) if not (r["run"] == "te_nvfp4" and r["seed"] == 2)]
+    _, res = verdicts(rows)
+    assert res["claims"]["C3"]["numbers"]["difference_vs_aligned"]["n"] == 2
+
+
+def test_seeds_needed_from_the_paired_spread():
+    # minite - bf16 per seed: +0.00, -0.06, +0.03 (mean -0.01, sd 0.0458): the paired interval is too
+    # wide for C2 either way; seeds needed come from the spread of the differences
+    v, res = verdicts(arms({**BASE, "bf16": [0.50, 0.57, 0.49], "minite": [0.50, 0.51, 0.52]}))
+    c2 = res["claims"]["C2"]
+    assert v["C2"] == "inconclusive" and "paired differences" in c2["to_settle"]
+    from minite.intervals import seeds_needed_paired
+
+    sd = c2["numbers"]["difference"]["sd"]
+    n = seeds_needed_paired(sd, -0.01 + 0.05)
+    assert f"~{n} seeds per arm would give 'reproduced'" in c2["to_settle"]
 
 
 def test_fewer_than_min_seeds_is_inconclusive():
