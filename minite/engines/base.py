@@ -12,8 +12,9 @@ the log-prob it reports is that distribution's,
 and the trainer recomputes the same quantity (`Trainer(temperature=T)`): the PPO ratio and the
 importance weights (TIS, MIS, Geo-RS) compare the policy the trainer differentiates with the
 distribution the tokens were actually drawn from. Both sides take the tempered logits from `temper`
-(one fp32 division by the Python float T, skipped at T = 1 so those bits are the untempered ones), so a
-recipe whose logits agree bit for bit keeps log-probs that agree bit for bit at any T. Greedy decoding
+(one IEEE fp32 division by T, the division vLLM's sampler does, skipped at T = 1 so those bits are the
+untempered ones), so a recipe whose logits agree bit for bit keeps log-probs that agree bit for bit at
+any T. Greedy decoding
 (T = 0, evals only) reports the untempered log-softmax: argmax has no distribution to temper, and
 nothing trains on those log-probs.
 """
@@ -34,7 +35,10 @@ def temper(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         return logits
     if not temperature > 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-    return logits / float(temperature)
+    # a true division by T rounded to the logits' dtype, as vLLM's sampler divides (by a per-request
+    # float32 tensor). Dividing by the Python float would differ on CUDA, where PyTorch turns division
+    # by a host scalar into multiplication by its rounded reciprocal.
+    return logits / torch.full((), float(temperature), dtype=logits.dtype, device=logits.device)
 
 
 @dataclass

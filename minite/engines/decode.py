@@ -236,11 +236,15 @@ class Decoder:
         stops: set[int] | frozenset[int] = frozenset(),
         limit: list[int] | None = None,
         use_graph: bool = True,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The built-in sampler's loop on the device: tokens (B, T), their fp32 log-probs (B, T) and
         lengths (B,), on the device. `choose(t, logits)` picks step t's tokens from fp32 logits (B, V);
         a row stops after a token in `stops` (kept) or after `limit[row]` tokens (teacher forcing);
-        stopped rows emit `pad`. Non-finite logits raise NonFiniteError naming rows and step."""
+        stopped rows emit `pad`. Non-finite logits raise NonFiniteError naming rows and step. The
+        logits `choose` sees and the log-probs are those divided by `temperature`
+        (minite.engines.base.temper: the distribution sampled from)."""
+        from minite.engines.base import temper
         from minite.engines.faults import NonFiniteError
 
         b, p = prompt.shape
@@ -261,7 +265,7 @@ class Decoder:
             finite = torch.isfinite(logits).all(-1)
             # multinomial on NaN probabilities is a device-side assert on CUDA: sample from zeros
             # there, and raise below with the rows (the CPU loop raises before sampling)
-            safe = torch.where(finite[:, None], logits, torch.zeros((), device=dev))
+            safe = temper(torch.where(finite[:, None], logits, torch.zeros((), device=dev)), temperature)
             logp = torch.log_softmax(safe, dim=-1)
             tok = choose(t, safe)
             if lim is not None:

@@ -6,12 +6,15 @@ adding noise of standard deviation σ to the sampler's fp32 logits at every deco
 
     z_s = z + σ·ε,   ε ~ N(0, I) per (row, position, vocab entry),   π_s = softmax(z_s / T)
 
-the sampler draws tokens from π_s and reports log π_s, while the trainer recomputes log π from z, so
-the gap grows continuously with σ and nothing else changes. For small σ, Δlogp ≈ σ(ε_tok − Σ_v π_v ε_v),
-of variance σ²(1 − 2π_tok + Σ_v π_v²): near 0 on a token of probability ~1, up to σ² on a flat
-distribution, so the gap depends on the policy's entropy as well as on σ. The RL loop measures it as
-for any recipe (`mismatch/logp_abs_diff_mean`, `mismatch/kl_k3`), and that measured gap is the x axis
-of the dose-response.
+the sampler draws tokens from π_s and reports log π_s, while the trainer recomputes log π from z
+(π = softmax(z / T)), so the gap grows continuously with σ and nothing else changes. The noise is part
+of the sampled distribution, so it is part of the reported log-prob: the hook perturbs the logits
+before the built-in sampler divides them by T (minite.engines.base.temper), and that one tensor
+(z + σε) / T gives both the draw and log π_s; the trainer recomputes log π at the same T. For small
+σ, Δlogp ≈ (σ/T)(ε_tok − Σ_v π_v ε_v), of variance (σ/T)²(1 − 2π_tok + Σ_v π_v²): near 0 on a token
+of probability ~1, up to (σ/T)² on a flat distribution, so the gap depends on the policy's entropy
+as well as on σ. The RL loop measures it as for any recipe (`mismatch/logp_abs_diff_mean`,
+`mismatch/kl_k3`), and that measured gap is the x axis of the dose-response.
 
 What it models: a rollout defect. Only sampled generation (temperature > 0) is perturbed; greedy
 calls (the loop's in-loop eval) and teacher-forced scoring run the clean engine, and lm-eval and
@@ -23,8 +26,8 @@ function of run seed and step) mixed with a constant, so the noise is reproducib
 to step, and is independent of the token-sampling stream. Built-in engine only: the noise is added by
 a forward hook on the engine's `lm_head` (fp32, after the bf16 GEMM, so small σ is not rounded away),
 and CUDA-graph replay is switched off (a captured graph would replay one draw). vLLM computes its
-log-probs inside its own sampler; perturbing them there needs a vLLM logits processor and a
-`logprobs_mode` that reports processed log-probs, which this wrapper does not do.
+log-probs inside its own sampler (processed log-probs, minite.engines.vllm.engine); perturbing them
+there needs a vLLM logits processor, which this wrapper does not add.
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ class LogitNoiseSampler:
         finally:
             self._gen = None
 
-    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
-        return self.inner.score(prompts, completions)
+    def score(
+        self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0
+    ) -> list[list[float]]:
+        return self.inner.score(prompts, completions, temperature)
 
     def update_weights(self, update: WeightUpdate) -> None:
         self.inner.update_weights(update)

@@ -12,6 +12,13 @@ graph captured again after a weight update that replaced tensors). `decode_loop=
 latter on any device (eager off CUDA), which is how tests check it on CPU. Sampling is seeded either way (a
 generator on the model's device seeded with `SamplingParams.seed`), so a generation is reproducible on
 the same device; CPU and CUDA draw different streams.
+
+Temperature: at T > 0 a token is drawn from softmax(z / T) and the reported log-prob is that
+distribution's, log_softmax(z / T), z the fp32 logits, both from the one tensor
+`minite.engines.base.temper(z, T)`: the same fp32 division the trainer runs when it recomputes at T
+(`Trainer(temperature=T)`), so an aligned recipe stays bit-identical at any T. Greedy decoding (T = 0,
+evals) reports the untempered log_softmax(z) (minite.engines.base). `score` (teacher forcing) takes a
+temperature too, 1 by default.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import contextlib
 import torch
 from transformers import DynamicCache, PretrainedConfig, Qwen3MoeForCausalLM
 
-from minite.engines.base import Completion, SamplingParams, WeightUpdate
+from minite.engines.base import Completion, SamplingParams, WeightUpdate, temper
 from minite.engines.decode import Decoder
 from minite.engines.weight_sync import load_weights
 from minite.nn.swap import apply_numerics, routers
@@ -108,13 +115,16 @@ class BuiltinSampler:
             gen = torch.Generator(device=self.device).manual_seed(params.seed)
 
         def choose(t: int, logits: torch.Tensor) -> torch.Tensor:
+            # `logits`: already divided by the temperature (`_decode`), the logits of what is sampled
             if params.temperature == 0:
                 return logits.argmax(-1)
-            probs = torch.softmax(logits / params.temperature, dim=-1)
+            probs = torch.softmax(logits, dim=-1)
             return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
         stops = {self.eos, *params.stop_token_ids}
-        tokens, logps, lengths = self._decode(rows, params.max_new_tokens, choose, stops)
+        tokens, logps, lengths = self._decode(
+            rows, params.max_new_tokens, choose, stops, temperature=params.temperature
+        )
         result: list[list[Completion]] = []
         for i, prompt in enumerate(prompts):
             group = []
@@ -128,9 +138,12 @@ class BuiltinSampler:
         return result
 
     @torch.no_grad()
-    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+    def score(
+        self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0
+    ) -> list[list[float]]:
         """Log-probs this engine assigns to given completions, computed exactly as during generation
-        (incremental decoding against the KV cache, same batch layout): teacher-forced sampling."""
+        at `temperature` (incremental decoding against the KV cache, same batch layout): teacher-forced
+        sampling."""
         width = max(1, max(len(c) for c in completions))
         forced = torch.full((len(completions), width), self.pad, dtype=torch.long)
         for i, c in enumerate(completions):
@@ -141,16 +154,31 @@ class BuiltinSampler:
             return forced[:, t]
 
         _, logps, _ = self._decode(
-            prompts, width, choose, stops=set(), lengths_from=[len(c) for c in completions]
+            prompts,
+            width,
+            choose,
+            stops=set(),
+            lengths_from=[len(c) for c in completions],
+            temperature=temperature,
         )
         return [logps[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
-    def _decode(self, rows, max_new: int, choose, stops: set[int], lengths_from: list[int] | None = None):
-        """Batched incremental decoding. Returns tokens (B, T), their log-probs (B, T), lengths (B,)."""
+    def _decode(
+        self,
+        rows,
+        max_new: int,
+        choose,
+        stops: set[int],
+        lengths_from: list[int] | None = None,
+        temperature: float = 1.0,
+    ):
+        """Batched incremental decoding. Returns tokens (B, T), their log-probs (B, T), lengths (B,).
+        `choose(t, z)` picks step t's tokens from the tempered fp32 logits z (module docstring), whose
+        log-softmax gives the log-probs."""
         if self.version < 0:
             raise RuntimeError("BuiltinSampler: no weights loaded yet (call update_weights first)")
         if self.static:
-            return self._decode_device(rows, max_new, choose, stops, lengths_from)
+            return self._decode_device(rows, max_new, choose, stops, lengths_from, temperature)
         ids, mask = left_pad(rows, self.pad)
         b = ids.shape[0]
         cache = DynamicCache()
@@ -184,6 +212,7 @@ class BuiltinSampler:
                         "tensor": f"rows {rows_bad[:8]} at decode step {t}",
                     }
                 )
+            logits = temper(logits, temperature)
             logp = torch.log_softmax(logits, dim=-1)
             tok = choose(t, logits)
             if limit is not None:
@@ -210,7 +239,15 @@ class BuiltinSampler:
             dec = self._decoders[batch] = Decoder(self.model, batch, size, self.device)
         return dec
 
-    def _decode_device(self, rows, max_new: int, choose, stops: set[int], lengths_from: list[int] | None):
+    def _decode_device(
+        self,
+        rows,
+        max_new: int,
+        choose,
+        stops: set[int],
+        lengths_from: list[int] | None,
+        temperature: float = 1.0,
+    ):
         """`_decode` on the model's device (CUDA): minite.engines.decode.Decoder. Returns CPU tensors."""
         ids, mask = left_pad(rows, self.pad)
         dec = self._decoder(ids.shape[0], ids.shape[1] + max_new - 1)
@@ -223,5 +260,6 @@ class BuiltinSampler:
             stops=stops,
             limit=lengths_from,
             use_graph=self.cuda_graphs and self.device.type == "cuda",
+            temperature=temperature,
         )
         return tokens.cpu(), logps.cpu(), lengths.cpu()

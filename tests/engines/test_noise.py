@@ -50,9 +50,12 @@ def _clean_logits(clean: BuiltinSampler, rows, completions):
     return seen
 
 
-def test_tokens_and_logprobs_follow_the_noisy_logits(engines):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_tokens_and_logprobs_follow_the_noisy_logits(engines, temperature):
+    """Tokens drawn from softmax((z + σε) / T), log-probs of that same distribution: the noise is part
+    of what is sampled, so it is part of what is reported."""
     noisy, clean = engines
-    params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=11)
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=temperature, seed=11)
     groups = noisy.generate(PROMPTS, params)
     comps = [c for g in groups for c in g]
     rows = [p for p in PROMPTS for _ in range(params.n)]
@@ -64,9 +67,10 @@ def test_tokens_and_logprobs_follow_the_noisy_logits(engines):
     assert len(seen) == width
     for t, out in enumerate(seen):
         eps = torch.randn(out.shape, generator=noise_gen, dtype=torch.float32)
-        z = (out.float() + 0.7 * eps)[:, -1].double()
-        logp = torch.log_softmax(z, -1)
-        tok = torch.multinomial(torch.softmax(z.float(), -1), 1, generator=sample_gen).squeeze(-1)
+        z = (out.float() + 0.7 * eps)[:, -1]
+        logp = torch.log_softmax(z.double() / temperature, -1)
+        z_t = z if temperature == 1.0 else z / temperature  # the sampler's fp32 division
+        tok = torch.multinomial(torch.softmax(z_t, -1), 1, generator=sample_gen).squeeze(-1)
         for r, c in enumerate(comps):
             if t < len(c.token_ids):
                 assert c.token_ids[t] == int(tok[r]), (r, t)
