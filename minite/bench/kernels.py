@@ -149,5 +149,8 @@ def run(
         Path(out).write_text(json.dumps(result, indent=2, default=str) + "\n")
     if md:
         Path(md).parent.mkdir(parents=True, exist_ok=True)
-        Path(md).write_text(text)
+        # with the JSON beside it, the file is the record's rendering (`python -m minite.results`)
+        from minite.results import mark
+
+        Path(md).write_text(text + (mark(Path(out).name) if out else ""))
     return result

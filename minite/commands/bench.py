@@ -159,9 +159,9 @@ def _run_attention(args: argparse.Namespace, command: str) -> int:
         rep_ms=args.rep_ms,
     )
     report = A.run(
-        cfg, command=command, progress=lambda rep: _write(rep, args.out, A.markdown(rep), quiet=True)
+        cfg, command=command, progress=lambda rep: _write(rep, args.out, quiet=True)
     )
-    _write(report, args.out, A.markdown(report))
+    _write(report, args.out)
     print(A.markdown(report))
     return 0
 
@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
             )
             md = L.markdown
             report = L.run(
-                recipes, cfg, progress=lambda rep: _write(rep, args.out, md(rep), quiet=True), **kw
+                recipes, cfg, progress=lambda rep: _write(rep, args.out, quiet=True), **kw
             )
         else:
             cfg = R.RolloutConfig(
@@ -239,10 +239,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
                 cfg,
                 engine=args.engine,
                 gpu_memory_utilization=share,
-                progress=lambda rep: _write(rep, args.out, md(rep), quiet=True),
+                progress=lambda rep: _write(rep, args.out, quiet=True),
                 **kw,
             )
-        _write(report, args.out, md(report))
+        _write(report, args.out)
         _decode_figure(report, args.out)
         if job is not None:
             path = Path(args.out)
@@ -251,7 +251,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
             )
     if job is not None:
         report["mlflow"] = log_mlflow(report, args.out, args.mlflow_experiment, job.run_id)
-        _write(report, args.out, md(report), quiet=True)
+        _write(report, args.out, quiet=True)
     print(md(report))
     return 0
 
@@ -271,12 +271,15 @@ def _decode_figure(report: dict, out: str) -> Path | None:
     return Path(png)
 
 
-def _write(report: dict, out: str, md: str, quiet: bool = False) -> None:
+def _write(report: dict, out: str, quiet: bool = False) -> None:
     """JSON + Markdown (rewritten after every recipe, so a run cut short keeps what it measured)."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-    path.with_suffix(".md").write_text(md)
+    # the Markdown is the record's rendering, as `python -m minite.results` re-renders it
+    from minite.results import render_record
+
+    path.with_suffix(".md").write_text(render_record(report, path.name))
     if not quiet:
         print(f"minite bench: wrote {path} and {path.with_suffix('.md')}")
 

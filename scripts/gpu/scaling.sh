@@ -40,10 +40,11 @@ import json, sys
 from pathlib import Path
 tmp, dest = Path(sys.argv[1]), Path(sys.argv[2])
 runs = [json.loads(p.read_text()) for p in (tmp / "h200.json", tmp / "qwen3.json") if p.is_file()]
-mds = [p.read_text() for p in (tmp / "h200.md", tmp / "qwen3.md") if p.is_file()]
 if not runs:
     sys.exit("no run finished")
-dest.with_suffix(".json").write_text(json.dumps({"kind": "learner_scaling_set", "runs": runs}, indent=2))
-dest.with_suffix(".md").write_text("\n\n".join(mds))
+from minite.results import render_record
+record = {"kind": "learner_scaling_set", "runs": runs}
+dest.with_suffix(".json").write_text(json.dumps(record, indent=2))
+dest.with_suffix(".md").write_text(render_record(record, dest.with_suffix(".json").name))
 print(f"wrote {dest}.json / .md ({len(runs)} of 2 runs)")
 EOF
