@@ -5,12 +5,20 @@ Choices, and why:
   hand tensors to the worker by reference (no serialization, no copy through a socket), and tests can
   inspect the live model (`VLLMSampler.model`). The whole engine lives in this Python process; guard
   scripts with `if __name__ == "__main__":` all the same, vLLM may spawn helpers.
-- Log-probs: `LLM(logprobs_mode="raw_logprobs")` + `SamplingParams(logprobs=0)`. vLLM 0.32 offers
-  raw_logprobs / raw_logits / processed_logprobs / processed_logits; "raw" is the fp32 log-softmax
-  of the model's logits before any logits processing (temperature, top-p/top-k, penalties), i.e.
-  log-probs of the unmodified distribution, which is what the trainer recomputes (at temperature 1
-  they are exactly the sampling distribution). "processed" would report the temperature-scaled,
-  top-p-truncated distribution. With logprobs=0 vLLM returns only the sampled token's entry.
+- Log-probs: `LLM(logprobs_mode="processed_logprobs")` + `SamplingParams(logprobs=0)`. vLLM 0.32 offers
+  raw_logprobs / raw_logits / processed_logprobs / processed_logits; "raw" is the fp32 log-softmax of
+  the model's logits before any logits processing (temperature, top-p/top-k, penalties), "processed"
+  that of the logits the token was drawn from: fp32 logits divided by the request's temperature
+  (`logits.div_(temp)`, an IEEE fp32 division) and top-p/top-k-filtered, then
+  `log_softmax(dtype=float32)`. Processed is the distribution sampled from, and what the trainer
+  recomputes at the same temperature (minite.engines.base.temper: the same division, the same fp32
+  log-softmax), so an aligned recipe keeps its bitwise equality at any T. At T = 1 vLLM divides by
+  1.0, which changes no bit, so the two modes agree there. Greedy requests (T = 0, evals) skip the
+  temperature: their log-probs are the untempered log-softmax (minite.engines.base). `top_p` < 1
+  would truncate the reported distribution (−inf outside the nucleus), which no trainer recompute
+  reproduces; the RL loop samples at top_p 1. With logprobs=0 vLLM returns only the sampled token's
+  entry. `score` (prompt log-probs) is untempered in either mode: vLLM computes prompt log-probs
+  from the raw logits.
 - Prompts are token ids (`TokensPrompt`) and the engine runs without a tokenizer
   (`skip_tokenizer_init=True`): the RL loop owns tokenization. EOS ids come from the checkpoint's
   generation_config.json / config.json and are passed as stop tokens (kept in the output).
@@ -79,7 +87,7 @@ from minite.engines.vllm.layout import PACKED_SUFFIXES, fused_group, module_is_q
 from minite.nn.norm import rms_norm_fp32
 from minite.recipes import Recipe, get_recipe
 
-LOGPROBS_MODE = "raw_logprobs"
+LOGPROBS_MODE = "processed_logprobs"  # the sampled distribution (module docstring)
 
 
 def _checkpoint_tensor_names(model_dir: Path) -> list[str]:
@@ -364,7 +372,7 @@ class VLLMSampler:
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Sampler log-prob of every token of each sequence given its prefix (tokens 1..T-1), from
-        vLLM's prompt log-probs (raw: prompt tokens never go through logits processors)."""
+        vLLM's prompt log-probs (raw, temperature 1: prompt tokens never go through logits processors)."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
