@@ -3,7 +3,7 @@
 A `Recipe` pairs two `NumericsSpec`s, one for the trainer (learner) and one for the sampler (rollout
 engine). Everything else in miniTE asks the recipe; nothing hard-codes a quantization choice.
 
-The three recipes of the paper (DESIGN.md, "The three recipes"):
+The three recipes of the paper (docs/design.md, "The three recipes"):
 
 - `bf16`: both engines in bf16.
 - `te_nvfp4` (naive): the trainer runs Transformer Engine's NVFP4BlockScaling defaults (W 16x16, X 1x16,

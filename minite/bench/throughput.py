@@ -7,8 +7,8 @@ environment a report records (versions, date, git commit, command), a clock on t
 and the fixed synthetic token batch the learner bench updates on.
 
 Every recipe of a bench is measured in one process, one after the other, on the same data, and each
-speed is also reported as a ratio to bf16 measured in that process (DESIGN.md: "Report every speed as a
-ratio to a baseline measured in the same process").
+speed is also reported as a ratio to bf16 measured in that process (docs/design.md, "Speed is a ratio":
+"Report every speed as a ratio to a baseline measured in the same process").
 """
 
 from __future__ import annotations

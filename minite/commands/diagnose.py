@@ -5,7 +5,7 @@ r"""`minite diagnose`: where and why the trainer and the sampler of a run diverg
     minite diagnose --model-dir M --data-dir D --recipe minite --out DIR  # the base model
 
 For the run's final policy and recipe: the token gap on held-out prompts (the recipe's sampler engine
-samples, the trainer recomputes; DESIGN.md mismatch metrics and full-vocabulary KL/JS/top-k), the
+samples, the trainer recomputes; docs/design.md "Mismatch metrics" and full-vocabulary KL/JS/top-k), the
 layer-by-layer trace against the sampler engine (built-in, or the live vLLM model with `--engine
 vllm`) with the first divergent site, MoE routing agreement, quantization statistics and bit-identity
 of every quantized weight, and attribution by ablation (each alignment component switched on alone

@@ -206,7 +206,7 @@ def test_errors():
 
 
 def _numpy_oracle(t: np.ndarray, s: np.ndarray, m: np.ndarray) -> dict[str, float]:
-    """Literal float64 transcription of the definitions in DESIGN.md, independent of the torch code."""
+    """Float64 transcription of docs/design.md "Mismatch metrics", independent of the torch code."""
     d = (t - s)[m]
     r = np.exp(d)
     pdiff = np.abs(np.exp(t[m]) - np.exp(s[m]))

@@ -7,7 +7,7 @@ vLLM is not installed. The names work on both sides of the loader: HF checkpoint
 (`model.layers.3.self_attn.q_proj`, `model.layers.3.mlp.experts.5.up_proj`) and vLLM layer prefixes
 (`model.layers.3.self_attn.qkv_proj`, `model.layers.3.mlp.experts`).
 
-Roles (DESIGN.md: embeddings, lm_head, norms, router and the attention core stay high precision):
+Roles (docs/design.md, "The three recipes": embeddings, lm_head, norms, router, attention core unquantized):
 - "attention": q/k/v/o projections (and vLLM's fused qkv_proj), governed by `quantize_attention`;
 - "experts": routed MoE expert FFNs, governed by `quantize_experts`;
 - "ffn": dense MLP / shared-expert linears; they are FFN GEMMs of the same kind, so they follow

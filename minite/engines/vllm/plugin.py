@@ -1,7 +1,7 @@
 """vLLM general plugin: the `minite` quantization method (entry point `vllm.general_plugins`).
 
 Why a plugin rather than a vLLM fork or a checkpoint format vLLM already reads: the point of the
-`minite` recipe is that the sampler executes *the trainer's* numerics (DESIGN.md, "The three recipes"):
+`minite` recipe is that the sampler executes *the trainer's* numerics (docs/design.md, "The three recipes"):
 the same packed NVFP4 weights bit for bit, the same activation quantizer (per-row scale), the same layer
 set, fp32 router and deterministic top-k. vLLM's own NVFP4 paths fix their own choices (static or
 per-tensor activation scales, their own arithmetic, their own kernels), so the sampler side of miniTE
