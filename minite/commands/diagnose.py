@@ -66,6 +66,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trace-sequences", type=int, default=64, help="sampled sequences in the layer trace")
     p.add_argument("--threshold", type=float, default=1e-2, help="relative L2 of a divergent site")
     p.add_argument("--seed", type=int, help="sampling seed (default: the run's)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        help="sampling temperature, also the recompute's (default: the run's rollout.temperature, else 1)",
+    )
     p.add_argument("--no-attribution", action="store_true")
     p.add_argument(
         "--attribution-engine",
@@ -106,6 +111,12 @@ def main(argv: list[str]) -> int:
             raise ConfigError("give --run RUN, or --model-dir, --data-dir and --recipe")
         sampler_cfg = rc.get("sampler") or {}
         seed = args.seed if args.seed is not None else int(rc.get("seed", 0))
+        # the run's sampling temperature: its log-probs, and so its gap, are those of softmax(z / T)
+        temperature = (
+            args.temperature
+            if args.temperature is not None
+            else float((rc.get("rollout") or {}).get("temperature", 1.0))
+        )
         cfg = DiagnoseConfig(
             model_dir=str(model_dir),
             data_dir=str(data_dir),
@@ -116,6 +127,7 @@ def main(argv: list[str]) -> int:
             n_prompts=args.n_prompts,
             samples_per_prompt=args.samples_per_prompt,
             max_new_tokens=args.max_new_tokens,
+            temperature=temperature,
             seed=seed,
             compute_dtype=(rc.get("optim") or {}).get("compute_dtype", "bfloat16"),
             sampler_dtype=sampler_cfg.get("dtype", "bfloat16"),

@@ -14,6 +14,13 @@
    the sampled tokens; the run recipe's residual causes.
 6. Ranked causes: the measured components in order of their share, plus the trace's and the weight
    statistics' evidence.
+
+Temperature: the sampler draws at `temperature` T and reports log softmax(z / T) (minite.engines.base),
+so the token gap's recompute runs at the same T (greedy, T = 0: at 1, the untempered log-probs greedy
+decoding reports), and the full-vocabulary divergence compares the two engines' softmax(z / T), the
+distributions tokens are drawn from. The attribution pairs score the sampled tokens by teacher forcing
+at T = 1 on both sides of each pair (vLLM's prompt log-probs are untempered), so its gaps are those
+of the untempered distributions.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ from typing import Any
 
 import torch
 
+from minite.configuration import ConfigError
 from minite.diagnostics.attribution import attribute, naive_base
 from minite.diagnostics.metrics import full_vocab_metrics, mismatch_metrics
 from minite.diagnostics.quant_stats import summarize_weight_stats, weight_stats
-from minite.engines.base import Completion, SamplingParams
+from minite.engines.base import Completion, SamplingParams, logprob_temperature, temper
 from minite.engines.trainer import TokenBatch
 from minite.recipes import Recipe
 from minite.rl.prompts import PromptConfig
@@ -60,6 +68,13 @@ class DiagnoseConfig:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     gpu_memory_utilization: float | None = None  # vLLM's share; None: derived (engines.vllm.memory)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, int | float) and 0 <= self.temperature < float("inf")):
+            raise ConfigError(
+                f"DiagnoseConfig.temperature must be a finite number >= 0 (0: greedy), got "
+                f"{self.temperature!r}; use the run's rollout.temperature"
+            )
 
 
 def _sample(
@@ -102,6 +117,8 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
     trainer = load_trainer(
         cfg.model_dir, recipe, cfg.checkpoint, seed=cfg.seed, compute_dtype=cfg.compute_dtype
     )
+    # the recompute's temperature is the sampling's (module docstring)
+    trainer.temperature = t_lp = logprob_temperature(cfg.temperature)
     policy = trainer.model
     # fp32 master weights under their HF names, before any engine touches them
     master = {k: v.detach().clone() for k, v in policy.state_dict().items()}
@@ -164,7 +181,9 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
             )
             wstats = weight_stats(policy, sampler.model)
         vocab = full_vocab_metrics(
-            _completion_logits(ta["lm_head"], sub), _completion_logits(tb["lm_head"], sub), sub.mask
+            temper(_completion_logits(ta["lm_head"], sub), t_lp),
+            temper(_completion_logits(tb["lm_head"], sub), t_lp),
+            sub.mask,
         )
     finally:
         if own:

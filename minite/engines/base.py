@@ -41,6 +41,14 @@ def temper(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / torch.full((), float(temperature), dtype=logits.dtype, device=logits.device)
 
 
+def logprob_temperature(temperature: float) -> float:
+    """The temperature of the log-probs a sampler reports when it samples at `temperature`: T itself,
+    or 1 for greedy decoding (T = 0, module docstring). A recompute meant to equal them uses it."""
+    if not 0 <= temperature < float("inf"):  # NaN fails every comparison
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+    return float(temperature) if temperature > 0 else 1.0
+
+
 @dataclass
 class Completion:
     prompt_ids: list[int]
