@@ -65,6 +65,24 @@ def arms_table(result: dict[str, Any]) -> str:
     return head + body
 
 
+def provenance_table(result: dict[str, Any]) -> str:
+    """How many seeds of each arm came from which commit and machine (results ledger, minite.rl.ledger)."""
+    rows = result.get("provenance") or []
+    if not rows:
+        return ""
+    head = (
+        "| arm | seeds | n | commit | machine | hardware | device | engine |\n"
+        "|---|---|---:|---|---|---|---|---|\n"
+    )
+    body = "".join(
+        f"| {r['arm']} | {', '.join(map(str, r['seeds']))} | {len(r['seeds'])} | `{str(r['commit'])[:12]}` | "
+        f"{r.get('machine', '')} | {r.get('hardware', '')} | {r.get('device_kind', '')} | "
+        f"{r.get('engine', '')} |\n"
+        for r in rows
+    )
+    return head + body
+
+
 def dose_lines(result: dict[str, Any]) -> list[str]:
     dr = result.get("dose_response") or {}
     thr = dr.get("threshold")
@@ -131,6 +149,13 @@ def claims_markdown(
         if name in figures:
             parts.append(f"![{name}]({figures[name]})\n\n**{name}.** {cap}\n\n")
     parts.append(f"{heading}# Every arm\n\n" + arms_table(result) + "\n")
+    pt = provenance_table(result)
+    if pt:
+        parts.append(
+            f"{heading}# Where the seeds come from\n\nSeeds pooled from the results ledger (records whose "
+            "hash is the arm's current one; CPU and GPU runs are never pooled), by code commit and "
+            "machine:\n\n" + pt + "\n"
+        )
     return "".join(parts)
 
 

@@ -11,6 +11,9 @@ Per-seed numbers (`seed_metrics`), from an arm's RL folder and its lm-eval JSON:
   zero_gap      True when every step's gap is exactly 0 (bit-identical log-probs)
   nonfinite     steps skipped or stopped for non-finite values (events.jsonl, metrics.jsonl)
 
+The same numbers come from a results-ledger record (minite.rl.ledger: `seed_metrics_from_record`,
+`ledger_seeds`), which keeps what these files hold, so seeds run on other days and machines pool.
+
 Quality of two arms that ran different horizons (an arm with a shorter `run_overrides` horizon) is
 compared at the shorter one's last step by the in-loop greedy accuracy on the same held-out prompts
 (`at_step`): lm-eval scores only the final checkpoint, and a policy is compared with one of the same age.
@@ -78,27 +81,80 @@ def seed_metrics(
     """The per-seed numbers of one RL run (module docstring)."""
     d = Path(rl_dir)
     cfg = _read_json(d / "config.json")
-    allrecs = _records(d)
+    events = (d / "events.jsonl").read_text().splitlines() if (d / "events.jsonl").is_file() else []
+    tasks = {}
+    if eval_file is not None and Path(eval_file).is_file():
+        tasks = (_read_json(Path(eval_file)).get("tasks")) or {}
+    return _seed_row(
+        run=run_name(d),
+        cfg=cfg,
+        allrecs=_records(d),
+        n_events=len(events),
+        tasks=tasks,
+        recipe=_recipe_of(cfg, d),
+        task=task,
+        window=window,
+        where=str(d / "metrics.jsonl"),
+        rl_dir=str(d),
+        eval_file=str(eval_file) if eval_file else None,
+    )
+
+
+def seed_metrics_from_record(
+    record: dict[str, Any], task: str | None = None, window: int | None = None
+) -> dict[str, Any]:
+    """`seed_metrics` of a results-ledger record (minite.rl.ledger): the same numbers the run folder
+    gives, with the record's provenance (commit, machine) beside them."""
+    from minite.rl.ledger import rows_of
+
+    cfg = {**record["config"], "seed": record["seed"]}
+    row = _seed_row(
+        run=record["arm"],
+        cfg=cfg,
+        allrecs=rows_of(record["metrics"]),
+        n_events=len(record["events"]),
+        tasks=(record.get("evals") or {}).get("tasks") or {},
+        recipe=record["recipe"],
+        task=task,
+        window=window,
+        where=f"ledger record {record['profile']}/{record['arm']}/seed{record['seed']}",
+        rl_dir=f"ledger:{record['profile']}/{record['arm']}/seed{record['seed']}",
+        eval_file=None,
+    )
+    row["commit"], row["machine"] = record["commit"], record["machine"].get("hostname", "?")
+    return row
+
+
+def _seed_row(
+    *,
+    run: str,
+    cfg: dict[str, Any],
+    allrecs: list[dict[str, Any]],
+    n_events: int,
+    tasks: dict[str, Any],
+    recipe: dict[str, Any],
+    task: str | None,
+    window: int | None,
+    where: str,
+    rl_dir: str,
+    eval_file: str | None,
+) -> dict[str, Any]:
     recs = [r for r in allrecs if "reward_mean" in r]
     if not recs:
-        raise ValueError(f"{d / 'metrics.jsonl'}: no completed RL step")
+        raise ValueError(f"{where}: no completed RL step")
     w = window or default_window(len(recs))
     gaps = [r["mismatch/logp_abs_diff_mean"] for r in recs if "mismatch/logp_abs_diff_mean" in r]
     kls = [r["mismatch/kl_k3"] for r in recs if "mismatch/kl_k3" in r]
     evals = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
-    events = (d / "events.jsonl").read_text().splitlines() if (d / "events.jsonl").is_file() else []
     quality = math.nan
-    if eval_file is not None and Path(eval_file).is_file():
-        tasks = (_read_json(Path(eval_file)).get("tasks")) or {}
-        name = task if task in tasks else next(iter(tasks), None)
-        if name is not None:
-            quality = float(tasks[name].get("exact_match", math.nan))
-    recipe = _recipe_of(cfg, d)
+    name = task if task in tasks else next(iter(tasks), None)
+    if name is not None:
+        quality = float(tasks[name].get("exact_match", math.nan))
     grpo = cfg.get("grpo") or {}
     first = _mean([r["reward_mean"] for r in recs[:w]])
     last = _mean([r["reward_mean"] for r in recs[-w:]])
     return {
-        "run": run_name(d),
+        "run": run,
         "seed": int(cfg.get("seed", 0)),
         "steps": len(recs),
         "window": w,
@@ -111,12 +167,12 @@ def seed_metrics(
         "kl_k3": _mean(kls),
         "zero_gap": bool(gaps) and all(g == 0 for g in gaps),
         "gap_positive": bool(gaps) and all(g > 0 for g in gaps),
-        "nonfinite": len(allrecs) - len(recs) + len(events),
+        "nonfinite": len(allrecs) - len(recs) + n_events,
         "logit_noise": float((cfg.get("sampler") or {}).get("logit_noise", 0.0) or 0.0),
         "corrections": [k for k in CORRECTION_KEYS if grpo.get(k)],
         "same_weights_and_formats": same_weights_and_formats(recipe),
-        "rl_dir": str(d),
-        "eval_file": str(eval_file) if eval_file else None,
+        "rl_dir": rl_dir,
+        "eval_file": eval_file,
         # the curves, for comparisons at a matched step (dose arms with a shorter horizon); not in JSON
         "_rewards": [r["reward_mean"] for r in recs],
         "_evals": {int(r["step"]): r["eval/accuracy"] for r in recs if "eval/accuracy" in r},
@@ -159,3 +215,22 @@ def load_seeds(
     for d in map(Path, rl_dirs):
         out.append(seed_metrics(d, by_key.get((run_name(d), d.name)), task, window))
     return out
+
+
+def ledger_seeds(
+    root: str | Path,
+    profile: str,
+    runs_dir: str | Path,
+    arms: Sequence[str],
+    task: str | None = None,
+    window: int | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(per-seed rows, provenance, the records) of every results-ledger record of `profile` for `arms`
+    whose hash is the arm's current one (from the resolved run results/<profile>/runs/<arm>); a record
+    with another hash, or CPU and GPU records in one profile, are refused (minite.rl.ledger.pool)."""
+    from minite.rl import ledger as L
+
+    held = [a for a in dict.fromkeys(arms) if Path(root, profile, a).is_dir()]
+    current = {a: L.current_hash(Path(runs_dir) / a) for a in held}
+    records = L.pool(root, profile, current)
+    return [seed_metrics_from_record(r, task, window) for r in records], L.provenance(records), records

@@ -31,6 +31,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "figures": ("minite.commands.figures:main", "figures (PNG/PDF) and tables (CSV/Markdown) from results/"),
     "paper": ("minite.commands.paper:main", "the paper-style Markdown report from figures and tables"),
     "claims": ("minite.commands.claims:main", "the paper's claims C1-C5: verdicts, intervals, figures"),
+    "ledger": (
+        "minite.commands.ledger:main",
+        "the results ledger: file finished RL runs as records that pool across runs and machines",
+    ),
     "log": ("minite.commands.log:main", "log a stage's JSON output to MLflow"),
     "plan": ("minite.commands.plan:main", "meta-device model, NVFP4/BF16 split and per-GPU memory plan"),
     "train-dist": ("minite.commands.train_dist:main", "GRPO RL, FSDP2 learner on N processes (torchrun)"),

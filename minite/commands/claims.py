@@ -33,11 +33,41 @@ def parse_claims(text: str) -> dict:
     return sec
 
 
+def _folder_provenance(seeds: list[dict], have: set[tuple[str, int]]) -> list[dict]:
+    """Provenance rows of the seeds read from run folders (this checkout, this machine)."""
+    import platform
+
+    from minite.tracking import git_commit
+
+    commit, host = git_commit(), platform.node()
+    arms = sorted({a for a, _ in have})
+    return [
+        {
+            "arm": a,
+            "commit": commit,
+            "machine": host,
+            "hardware": "run folder",
+            "device_kind": "",
+            "engine": "",
+            "seeds": sorted(s for b, s in have if b == a),
+        }
+        for a in arms
+    ]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite claims", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--rl", nargs="+", required=True, help="RL output folders (results/<p>/rl/<run>/seed<S>)")
+    p.add_argument("--rl", nargs="*", default=[], help="RL output folders (results/<p>/rl/<run>/seed<S>)")
+    p.add_argument(
+        "--ledger",
+        help="results ledger root (results/ledger): also pool every record of --profile whose hash is the "
+        "arm's current one (a seed a --rl folder has is taken from the folder)",
+    )
+    p.add_argument(
+        "--runs", help="the profile's resolved runs (results/<p>/runs), for the arms' current hashes"
+    )
     p.add_argument(
         "--evals", nargs="*", default=[], help="lm-eval JSONs (results/<p>/eval/<run>/seed<S>.json)"
     )
@@ -58,6 +88,10 @@ def main(argv: list[str]) -> int:
         roles = {k: sec[k] for k in ROLE_KEYS if k in sec}
         for k in ("baseline", "naive", "aligned"):
             roles.setdefault(k, {"baseline": "bf16", "naive": "te_nvfp4", "aligned": "minite"}[k])
+        if not args.rl and not args.ledger:
+            raise ConfigError("give RL folders (--rl) or a results ledger (--ledger with --runs)")
+        if args.ledger and not args.runs:
+            raise ConfigError("--ledger needs --runs results/<profile>/runs (the arms' current hashes)")
         missing = [d for d in args.rl if not (Path(d) / "metrics.jsonl").is_file()]
         if missing:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
@@ -69,9 +103,33 @@ def main(argv: list[str]) -> int:
 
         level, margin = float(sec.get("level", 0.95)), float(sec.get("margin", 0.05))
         seeds = load_seeds(args.rl, args.evals, args.task, sec.get("window"))
+        provenance = None
+        curve_sources: list = list(args.rl)
+        if args.ledger:
+            from minite.claims_seeds import ledger_seeds
+
+            names = [roles["baseline"], roles["naive"], roles["aligned"]]
+            names += [*roles.get("corrections", []), *roles.get("dose_response", [])]
+            pooled, provenance, records = ledger_seeds(
+                args.ledger, args.profile, args.runs, names, args.task, sec.get("window")
+            )
+            have = {(r["run"], r["seed"]) for r in seeds}
+            seeds += [r for r in pooled if (r["run"], r["seed"]) not in have]
+            curve_sources += [r for r in records if (r["arm"], r["seed"]) not in have]
+            provenance += _folder_provenance(seeds, have)
+        if not seeds:
+            raise ConfigError(f"no seed to settle the claims: no --rl folder and no record in {args.ledger}")
         result = evaluate(
-            seeds, roles, level=level, margin=margin, bench=args.bench, min_seeds=int(sec.get("min_seeds", 3))
+            seeds,
+            roles,
+            level=level,
+            margin=margin,
+            bench=args.bench,
+            min_seeds=int(sec.get("min_seeds", 3)),
+            paired=bool(sec.get("paired", True)),
         )
+        if provenance is not None:
+            result["provenance"] = provenance
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         apply_style()
@@ -81,7 +139,12 @@ def main(argv: list[str]) -> int:
         steps = max(s["steps"] for s in seeds)
         files = {
             "claims_curves": fig_curves(
-                args.rl, main_arms, out, smooth=int(sec.get("smooth", max(1, steps // 20))), level=level, **kw
+                curve_sources,
+                main_arms,
+                out,
+                smooth=int(sec.get("smooth", max(1, steps // 20))),
+                level=level,
+                **kw,
             ),
             "claims_final": fig_final(result, out, **kw),
             "claims_dose": fig_dose(result, out, **kw),

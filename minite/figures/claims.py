@@ -18,10 +18,25 @@ from minite.claims import run_name
 from minite.figures.style import label, palette, save
 from minite.intervals import t_interval
 
+Source = str | Path | dict[str, Any]  # an RL run folder, or a results-ledger record (minite.rl.ledger)
 
-def _series(rl_dir: Path, key: str, smooth: int) -> dict[int, float]:
+
+def _arm(src: Source) -> str:
+    return src["arm"] if isinstance(src, dict) else run_name(src)
+
+
+def _rows(src: Source) -> list[dict[str, Any]]:
+    if isinstance(src, dict):
+        from minite.rl.ledger import rows_of
+
+        return rows_of(src["metrics"])
+    path = Path(src) / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _series(src: Source, key: str, smooth: int) -> dict[int, float]:
     """{step: value} of one run's metric; a trailing mean over `smooth` steps when smooth > 1."""
-    recs = [json.loads(ln) for ln in (rl_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    recs = _rows(src)
     pts = [(r["step"], r[key]) for r in recs if key in r and r[key] is not None]
     if smooth <= 1:
         return dict(pts)
@@ -33,11 +48,12 @@ def _series(rl_dir: Path, key: str, smooth: int) -> dict[int, float]:
     return out
 
 
-def band_table(rl_dirs: list[str | Path], key: str, smooth: int = 1, level: float = 0.95) -> dict[str, list]:
-    """{arm: [(step, mean, lo, hi, n)]} over the seeds of each arm (steps every seed has)."""
+def band_table(rl_dirs: list[Source], key: str, smooth: int = 1, level: float = 0.95) -> dict[str, list]:
+    """{arm: [(step, mean, lo, hi, n)]} over the seeds of each arm (steps every seed has); a source is
+    a run folder or a ledger record."""
     by_arm: dict[str, list[dict[int, float]]] = {}
-    for d in map(Path, rl_dirs):
-        by_arm.setdefault(run_name(d), []).append(_series(d, key, smooth))
+    for d in rl_dirs:
+        by_arm.setdefault(_arm(d), []).append(_series(d, key, smooth))
     out: dict[str, list] = {}
     for arm, runs in by_arm.items():
         steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
@@ -64,7 +80,7 @@ def _draw_bands(ax, table: dict[str, list], arms: list[str], colors: dict[str, s
 
 
 def fig_curves(
-    rl_dirs: list[str | Path],
+    rl_dirs: list[Source],
     arms: list[str],
     out: Path,
     *,
@@ -77,12 +93,12 @@ def fig_curves(
     """Rollout reward (smoothed) and in-loop greedy accuracy vs RL step, mean and 95 % band."""
     import matplotlib.pyplot as plt
 
-    present = {run_name(d) for d in rl_dirs}
+    present = {_arm(d) for d in rl_dirs}
     arms = [a for a in arms if a in present]
     if not arms:
         return []
     colors = palette(arms)
-    dirs = [d for d in rl_dirs if run_name(d) in arms]
+    dirs = [d for d in rl_dirs if _arm(d) in arms]
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.2), sharex=True)
     _draw_bands(axes[0], band_table(dirs, "reward_mean", smooth, level), arms, colors)
     axes[0].set(xlabel="RL step", ylabel=f"rollout reward (trailing mean of {smooth} steps)", title="Reward")
