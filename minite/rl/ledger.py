@@ -232,7 +232,8 @@ def ledger_record(
 ) -> dict[str, Any]:
     """The record of one finished RL run (module docstring). `profile` / `arm` default to the folder's
     place in results/<profile>/rl/<arm>/seed<S>; `eval_file` to results/<profile>/eval/<arm>/seed<S>.json
-    when it exists; `commit` to the checkout's HEAD (minite.tracking.git_commit)."""
+    when it exists; `commit` and the machine to those of <run_dir>/ledger.json when the loop wrote one
+    at the end of the run, else to the checkout's HEAD (minite.tracking.git_commit) and this machine."""
     d = Path(run_dir)
     for name in ("metrics.jsonl", "config.json", "summary.json"):
         if not (d / name).is_file():
@@ -244,6 +245,9 @@ def ledger_record(
     if eval_file is None and p != "unknown":
         cand = d.parents[2] / "eval" / a / f"seed{seed}.json"
         eval_file = cand if cand.is_file() else None
+    # the record the loop wrote when the run finished knows the commit and machine that ran it
+    at_finish = _read_json(d / LEDGER_FILE) or {}
+    commit = commit or at_finish.get("commit")
     if commit is None:
         from minite.tracking import git_commit
 
@@ -257,7 +261,7 @@ def ledger_record(
         "hash": config_hash(cfg, recipe),
         "numerics_version": NUMERICS_VERSION,
         "commit": commit,
-        "machine": machine(),
+        "machine": at_finish.get("machine") or machine(),
         "device_kind": device_kind(cfg, d),
         "engine": (cfg.get("sampler") or {}).get("engine", "builtin"),
         "config": rl_settings(cfg),

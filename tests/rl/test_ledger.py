@@ -154,6 +154,10 @@ def test_write_ledger_record(results, tmp_path):
     assert path == d / "ledger.json"
     rec = L.load_record(path)
     assert rec["seed"] == 1 and rec["profile"] == "unknown" and rec["arm"] == "run"
+    # filed later (another checkout, another machine): the commit and machine that ran it are kept
+    L.write_json({**rec, "commit": "c0ffee", "machine": {"hostname": "gpu-box"}}, path)
+    again = L.ledger_record(d, profile="unit", arm="minite")
+    assert again["commit"] == "c0ffee" and again["machine"] == {"hostname": "gpu-box"}
 
 
 def test_verb_add_holds_and_pool(results, tmp_path):
