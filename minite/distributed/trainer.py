@@ -6,8 +6,13 @@ what one process computes on the global batch:
 - the forward runs on whole bf16 weights (FSDP2 mixed precision, minite.distributed.fsdp), through
   the same recipe numerics; per-row scopes are batch-invariant, per-tensor activation/gradient amaxes
   are all-reduced (minite.nn.functional.amax_sync, turned on here when the recipe has one);
-- the GRPO token-mean is over the *global* batch: every rank all-reduces its valid-token count and
-  scales its micro-batch loss by `tokens / global_tokens`, and FSDP sums (does not average) gradients;
+- the GRPO loss is over the *global* minibatch, for every `loss_agg`: the loss is N / D (minite.rl.grpo,
+  "Aggregation"), every rank all-reduces its minibatches' denominators D once per update, and each
+  micro-batch backpropagates its own part of N divided by the global D. FSDP2 would average the
+  gradients over ranks (divide the sum by the world size); minite.distributed.fsdp sets its divide
+  factor to 1, so the reduce-scatter *sums* the parts and the result is the gradient of N / D;
+- the statistics are sums, counts and extremes (minite.rl.grpo.LossStats) all-reduced with SUM, MAX
+  and MIN before the means are taken: true extremes and token-weighted means of the global batch;
 - grad-norm clipping, non-finite checks and statistics are reduced over ranks, so every rank takes the
   same decision (a rank that raised alone would leave the others waiting in a collective).
 
@@ -33,7 +38,7 @@ from minite.engines.trainer import OptimConfig, TokenBatch, Trainer, sequence_lo
 from minite.nn.functional import amax_sync, needs_amax_sync
 from minite.nn.swap import clear_weight_caches, linear_numerics
 from minite.recipes import Recipe
-from minite.rl.grpo import GRPOConfig
+from minite.rl.grpo import GRPOConfig, LossStats
 
 
 def shard_rows(n: int, rank: int, world: int) -> slice:
@@ -133,10 +138,10 @@ class DistributedTrainer(Trainer):
             raise ValueError(f"ranks hold different numbers of rows: {[int(s) for s in sizes]}")
         return n * self.world
 
-    def _global_tokens(self, mask: torch.Tensor) -> torch.Tensor:
-        total = mask.sum().reshape(1).to(comm_device(), torch.float64)
+    def _global_sum(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.to(comm_device(), torch.float64)
         dist.all_reduce(total)
-        return total.clamp(min=1).to(mask.device, mask.sum().dtype)[0]
+        return total.to(x.device)
 
     def _backward(self, loss: torch.Tensor) -> None:
         with amax_sync(self.amax_group):
@@ -163,15 +168,18 @@ class DistributedTrainer(Trainer):
         # weight caches cannot see the step, so drop them
         clear_weight_caches(self.model)
 
-    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        """Sums over ranks (each rank's stats are already weighted by its share of the global rows);
-        grad_norm is already global."""
-        keys = sorted(k for k in stats if k != "grad_norm")
-        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=comm_device())
-        dist.all_reduce(t)
-        out = dict(zip(keys, t.tolist(), strict=True))
-        out["grad_norm"] = stats.get("grad_norm", 0.0)
-        return out
+    def _reduce_stats(self, stats: LossStats) -> LossStats:
+        """Sums and counts added over ranks, extremes the MAX / MIN over ranks (every rank has the same
+        keys: they follow the GRPO config)."""
+        keys, sums, maxes, mins = stats.vectors()
+        dev = comm_device()
+        out = []
+        for t, op in ((sums, dist.ReduceOp.SUM), (maxes, dist.ReduceOp.MAX), (mins, dist.ReduceOp.MIN)):
+            t = t.to(dev)
+            if t.numel():
+                dist.all_reduce(t, op=op)
+            out.append(t.cpu())
+        return LossStats.from_vectors(keys, *out)
 
     def gather_logprobs(self, logp_local: torch.Tensor) -> torch.Tensor:
         """(N·b, T) log-probs of the global batch from each rank's (b, T) rows (all_gather)."""

@@ -39,7 +39,7 @@ from minite.engines.base import Completion, temper
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
 from minite.nn.swap import apply_numerics, set_compute_dtype
 from minite.recipes import Recipe
-from minite.rl.grpo import GRPOConfig, grpo_loss, loss_mask
+from minite.rl.grpo import GRPOConfig, LossStats, grpo_loss_sums, loss_denominator, loss_mask
 
 
 @dataclass(frozen=True)
@@ -316,9 +316,9 @@ class Trainer:
         """Rows of the global batch, this process holding `n` of them."""
         return n
 
-    def _global_tokens(self, mask: torch.Tensor) -> torch.Tensor:
-        """Valid tokens of a minibatch over the global batch (at least 1): the token-mean's denominator."""
-        return mask.sum().clamp(min=1)
+    def _global_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` (float64) summed over the ranks: counts of this process's rows -> the global batch's."""
+        return x
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -336,8 +336,8 @@ class Trainer:
     def _after_step(self) -> None:
         """After each optimizer step."""
 
-    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        """Statistics of this process's rows -> those of the global batch."""
+    def _reduce_stats(self, stats: LossStats) -> LossStats:
+        """Statistics of this process's rows -> those of the global batch (sums, counts, extremes)."""
         return stats
 
     # --- update --------------------------------------------------------------------------------------
@@ -348,47 +348,76 @@ class Trainer:
         advantages: torch.Tensor,
         logp_old: torch.Tensor,
         *,
+        logp_ref: torch.Tensor | None = None,
         minibatches: int = 1,
         micro_batch: int = 64,
     ) -> dict[str, float]:
-        """One pass of `minibatches` optimizer steps over the batch (GRPO/DAPO loss).
+        """One pass of `minibatches` optimizer steps over the batch (GRPO/DAPO loss, minite.rl.grpo).
 
-        Data parallel, `batch`, `advantages` and `logp_old` are this rank's rows of the global batch
-        and the statistics are those of the global batch."""
+        `logp_ref` (rows like `logp_old`): the reference policy's log-probs, for the KL loss (needed
+        when `grpo.kl_coef` > 0) and the `kl_ref` statistic. Minibatch m holds the rows i with
+        i % minibatches == m. Each micro-batch of `micro_batch` of its rows backpropagates its part
+        N / D of the minibatch's loss, D being the minibatch's denominator over the global batch
+        (minite.rl.grpo, "Aggregation"), so the gradient of a minibatch is the same however
+        `micro_batch` and the data-parallel ranks cut it, for every `loss_agg`. The statistics are
+        those of the whole update (sums, counts and extremes over micro-batches and ranks).
+
+        Data parallel, `batch`, `advantages`, `logp_old` and `logp_ref` are this rank's rows of the
+        global batch (shard_rows: contiguous, as many on every rank). When that number is a multiple
+        of `minibatches`, minibatch m is the same set of global rows at every world size, hence so is
+        the whole update."""
+        cfg = self.grpo_cfg
+        if cfg.kl_coef > 0 and logp_ref is None:
+            raise ValueError(
+                f"Trainer.update: grpo.kl_coef={cfg.kl_coef} > 0 adds the KL loss: pass logp_ref (the "
+                "reference policy's log-probs of these rows), or set kl_coef to 0"
+            )
+        for key, value in (("minibatches", minibatches), ("micro_batch", micro_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Trainer.update: {key} must be an int >= 1, got {value!r}")
         n_local = batch.mask.shape[0]
-        n = self._global_rows(n_local)
-        stats_acc: dict[str, float] = {}
-        # the tokens the loss aggregates: MIS / Geo-RS drop rejected sequences from the token-mean's
-        # denominator as well, so each micro-batch weighs by its share of the kept tokens
-        kept = loss_mask(logp_old, batch.sampler_logp, batch.mask, self.grpo_cfg)
-        mb_size = -(-n_local // minibatches)
-        for m in range(minibatches):
-            rows = torch.arange(m * mb_size, min((m + 1) * mb_size, n_local))
-            if len(rows) == 0:
-                continue
+        self._global_rows(n_local)  # every rank holds as many rows (or all raise)
+        # the tokens the loss aggregates: MIS / Geo-RS drop rejected sequences from N and D alike
+        kept = loss_mask(logp_old, batch.sampler_logp, batch.mask, cfg)
+        spans = [torch.arange(m, n_local, minibatches) for m in range(minibatches)]
+        spans = [rows for rows in spans if len(rows)]
+        # each minibatch's denominator and valid tokens over the global batch: one collective
+        local = [
+            torch.stack([loss_denominator(kept[rows], cfg), batch.mask[rows].sum(dtype=torch.float64)])
+            for rows in spans
+        ]
+        counts = self._global_sum(torch.stack(local).cpu()).tolist() if spans else []
+        for m, (_, n_valid) in enumerate(counts):
+            if n_valid == 0:
+                raise ValueError(
+                    f"Trainer.update: minibatch {m} has no valid tokens (mask): nothing to learn from"
+                )
+        sums = LossStats()
+        grad_norm_sum = 0.0
+        for m, rows in enumerate(spans):
             self.optimizer.zero_grad(set_to_none=True)
-            total_tokens = self._global_tokens(kept[rows])
             loss_bad = False
             for i in range(0, len(rows), micro_batch):
                 r = rows[i : i + micro_batch]
                 sub = batch.select(r)
                 logp_new = self.logprobs(sub)
                 self._check_activations(sub, logp_new.detach(), "logprobs (update)")
-                loss, stats = grpo_loss(
+                loss, part = grpo_loss_sums(
                     logp_new,
                     logp_old[r],
                     advantages[r],
                     sub.mask,
-                    self.grpo_cfg,
+                    cfg,
                     logp_sampler=sub.sampler_logp,
+                    logp_ref=None if logp_ref is None else logp_ref[r],
+                    denominator=counts[m][0],
                 )
                 loss_bad = loss_bad or not bool(torch.isfinite(loss))
                 if loss_bad and self.raise_loss_at_once:
                     break
-                # token-mean over the whole minibatch: weight each micro-batch by its share of tokens
-                self._backward(loss * kept[r].sum() / total_tokens)
-                for k, v in stats.items():
-                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * len(r) / n
+                # this micro-batch's part of the minibatch loss: the parts' gradients add up to its gradient
+                self._backward(loss)
+                sums.add(part)
             if self._any(loss_bad):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError({"kind": "loss", "tensor": "grpo_loss", "minibatch": m})
@@ -396,12 +425,13 @@ class Trainer:
             if bad:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError({"kind": "gradient", "params": bad[:10], "minibatch": m})
-            grad_norm = self._clip_grads()
-            stats_acc["grad_norm"] = stats_acc.get("grad_norm", 0.0) + float(grad_norm) / minibatches
+            grad_norm_sum += float(self._clip_grads())
             self.optimizer.step()
             self._after_step()
             bad = self._nonfinite_params()
             if bad:
                 # the update itself overflowed: the weights are gone, so this cannot be skipped
                 raise NonFiniteError({"kind": "parameter", "params": bad[:10], "minibatch": m, "fatal": True})
-        return self._reduce_stats(stats_acc)
+        stats = self._reduce_stats(sums).means(minibatches=max(len(spans), 1))
+        stats["grad_norm"] = grad_norm_sum / max(len(spans), 1)
+        return stats

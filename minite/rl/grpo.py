@@ -1,4 +1,4 @@
-"""GRPO policy loss with the DAPO options and truncated importance sampling (TIS).
+"""GRPO policy loss with the DAPO options, verl's loss aggregations, KL estimators and rollout corrections.
 
 Advantages (GRPO, Shao et al. 2024, "DeepSeekMath"). Prompts are sampled G = ``group_size`` times;
 rewards come flat as (N*G,), group after group. For group g with rewards R_g1..R_gG:
@@ -19,12 +19,28 @@ the sequence's tokens):
 clip_high > clip_low is DAPO's "clip-higher" (Yu et al. 2025; 0.2 / 0.28 are its values). The token is
 *clipped* (zero gradient) when A > 0 and rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low.
 
-Aggregation (``loss_agg``):
+Aggregation (``loss_agg``, verl's ``loss_agg_mode``). With l_bt = 0 at masked-out tokens, n_b the
+valid tokens of sequence b, and S the sequences with n_b >= 1:
 
-    "token-mean"            sum_bt l_bt / (number of valid tokens)        DAPO's token-level loss
-    "seq-mean-token-mean"   mean_b (sum_t l_bt / n_b)                     the original GRPO average
+    "token-mean"               sum_bt l_bt / sum_b n_b                  DAPO's token-level loss
+    "seq-mean-token-mean"      sum_b (sum_t l_bt / n_b) / |S|           the original GRPO average
+    "seq-mean-token-sum"       sum_b  sum_t l_bt        / |S|
+    "seq-mean-token-sum-norm"  sum_b  sum_t l_bt        / (|S| * L)     Dr. GRPO (Liu et al. 2025)
 
-verl calls these ``loss_agg_mode`` "token-mean" and "seq-mean-token-mean".
+L is ``loss_scale_factor``, a constant: Dr. GRPO divides every sequence by the same length (the
+generation budget) so that no sequence's tokens weigh more for being in a short answer. miniTE's RL
+config sets it to ``rollout.max_new_tokens`` when unset; a bare ``GRPOConfig`` with that mode and no L
+is refused at the loss (verl's fallback, the batch's padded width, changes with the batch and so would
+make the gradient depend on how the batch is padded and cut).
+
+Every mode is a ratio  loss = N / D  whose numerator N is a sum over sequences of per-sequence terms
+and whose denominator D (``loss_denominator``: kept tokens, kept sequences, or kept sequences * L)
+counts the whole batch. That is what makes the gradient independent of how a trainer cuts the batch:
+each micro-batch (on each rank) contributes its own part of N divided by the *global* D of its
+minibatch (``grpo_loss(..., denominator=D)``), and the parts add up to N / D exactly. Averaging
+per-micro-batch means instead is right for token-mean only when weighted by token shares, and for the
+sequence modes by sequence shares; a per-micro-batch mean weighted by token shares gives a different
+gradient as soon as micro-batches hold different numbers of sequences per token.
 
 TIS (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"). The
 rollouts come from the sampler engine, whose log-probs ``logp_sampler`` differ from the trainer's
@@ -64,41 +80,126 @@ token mean of w_b), ``rollout_is_max``, ``rollout_is_min`` (verl's rollout_is="s
 ``geo_rs_ratio_min`` (verl's rollout_rs_mean/max/min in its geometric mode) and
 ``geo_rs_seq_masked_fraction``. The PPO stats (clip_frac, ratio_*, approx_kl) stay over all valid tokens.
 
-KL penalty (optional, ``kl_coef`` > 0 with ``logp_ref``): the GRPO paper's k3 estimator of
-KL(pi_new || pi_ref) per token, ``exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1``, aggregated like
-the policy loss and added with weight ``kl_coef``.
+KL to a reference policy (``logp_ref``; in the loss when ``kl_coef`` > 0). With d = logp_new - logp_ref
+per token, ``kl_loss_type`` picks verl's estimator of KL(pi_new || pi_ref) (verl's ``kl_penalty``;
+Schulman 2020, "Approximating KL divergence"), for tokens sampled from pi_new:
 
-Only ``logp_new`` receives gradient; every other tensor is detached. Stats are token means over the
-valid tokens regardless of ``loss_agg``: ``clip_frac`` (and ``clip_frac_low`` / ``clip_frac_high``),
-``ratio_mean``, ``ratio_min``, ``ratio_max``, ``approx_kl`` = mean(rho - 1 - log rho) (k3 estimate of
-KL(pi_old || pi_new), verl's ``ppo_kl`` uses k1), ``tis_weight_mean`` (1 when TIS is off),
-``tis_capped_frac``, ``pg_loss``, ``kl_loss`` (0 when off) and ``loss``.
+    "kl"  / "k1"          d                       unbiased, high variance, can be negative
+    "abs"                 |d|
+    "mse" / "k2"          d^2 / 2                 biased, low variance, >= 0
+    "low_var_kl" / "k3"   e^-d + d - 1            unbiased, >= 0: the GRPO paper's estimator
+
+k3 is computed as verl does it: -d clamped to [-20, 20] before the exp and the result clamped to
+[-10, 10] (a token whose estimate is past the clamp gets no gradient from it). The per-token estimate
+is aggregated like the policy loss (same ``loss_agg``, same kept tokens, same denominator) into
+``kl_loss`` and added to the loss with weight ``kl_coef``.
+
+Statistics. ``grpo_loss`` returns them as plain floats; ``grpo_loss_sums`` returns them as a
+``LossStats`` of sums, counts and extremes, which a trainer adds over micro-batches and ranks before
+taking the means, so that every statistic is the one of the whole update, however it was cut:
+
+- token means over the valid tokens (all of them, rejected sequences included), weighted by tokens:
+  ``clip_frac`` (and ``clip_frac_low`` / ``clip_frac_high``: the token is clipped as defined above),
+  ``ratio_mean``, ``approx_kl`` = mean(rho - 1 - log rho) (k3 estimate of KL(pi_old || pi_new); verl's
+  ``ppo_kl`` uses k1), ``tis_weight_mean`` (1 when TIS is off), ``tis_capped_frac``, ``kl_ref`` (the
+  ``kl_loss_type`` estimate of KL(pi_new || pi_ref), 0 without ``logp_ref``), and the rollout
+  corrections' ``rollout_is_mean``, ``geo_rs_ratio_mean``, ``rollout_rs_masked_fraction``;
+- sequence means over the sequences with >= 1 valid token: the ``*_seq_masked_fraction`` stats;
+- true extremes over the valid tokens / sequences: ``ratio_max``, ``ratio_min``, ``rollout_is_max``,
+  ``rollout_is_min``, ``geo_rs_ratio_max``, ``geo_rs_ratio_min`` (an extreme over nothing reads 1, a
+  ratio's neutral value; a mean over nothing reads 0);
+- the objective: ``loss``, ``pg_loss`` and ``kl_loss`` (0 without ``logp_ref``), each the aggregated
+  value N / D above; over an update of several minibatches (optimizer steps), their mean.
+
+Only ``logp_new`` receives gradient; every other tensor is detached.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 __all__ = [
+    "KL_LOSS_TYPES",
     "LOSS_AGG_MODES",
     "GRPOConfig",
+    "LossStats",
     "group_advantages",
     "grpo_loss",
+    "grpo_loss_sums",
+    "kl_estimate",
+    "loss_denominator",
     "loss_mask",
     "rollout_correction",
     "zero_variance_groups",
 ]
 
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean")
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 # verl's SAFETY_BOUND (rollout_corr_helper.py): |log ratio| is clamped to 20 before exp
 SAFETY_BOUND = 20.0
 
 
 def _is_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _one_of(key: str, value: object, valid: tuple[str, ...]) -> None:
+    """ValueError naming GRPOConfig.`key`, the closest valid name and all of them, unless value is valid."""
+    if value in valid:
+        return
+    close = difflib.get_close_matches(str(value), valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"GRPOConfig.{key} must be one of {', '.join(valid)}; got {value!r}{hint}")
+
+
+# --------------------------------------------------------------------------------------------------
+# KL estimators (verl's kl_penalty): per token, d = logp - logp_ref
+
+
+def _kl_k1(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    return logp - logp_ref
+
+
+def _kl_abs(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    return (logp - logp_ref).abs()
+
+
+def _kl_k2(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logp - logp_ref).square()
+
+
+def _kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    neg_d = (logp_ref - logp).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return (torch.expm1(neg_d) - neg_d).clamp(-10.0, 10.0)  # e^-d - (-d) - 1, as verl clamps it
+
+
+_KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "kl": _kl_k1,
+    "k1": _kl_k1,
+    "abs": _kl_abs,
+    "mse": _kl_k2,
+    "k2": _kl_k2,
+    "low_var_kl": _kl_k3,
+    "k3": _kl_k3,
+}
+KL_LOSS_TYPES: tuple[str, ...] = tuple(_KL_ESTIMATORS)
+
+
+def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kl_loss_type: str = "low_var_kl") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from the sampled tokens' log-probs (module docstring),
+    elementwise; differentiable in both arguments."""
+    if kl_loss_type not in _KL_ESTIMATORS:
+        raise ValueError(f"kl_loss_type must be one of {', '.join(KL_LOSS_TYPES)}, got {kl_loss_type!r}")
+    return _KL_ESTIMATORS[kl_loss_type](logp, logp_ref)
 
 
 @dataclass(frozen=True)
@@ -109,7 +210,11 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     loss_agg: str = "token-mean"
+    # Dr. GRPO's constant L of "seq-mean-token-sum-norm" (module docstring); unused by the other modes
+    loss_scale_factor: float | None = None
     kl_coef: float = 0.0
+    # verl's kl_penalty names: kl / k1, abs, mse / k2, low_var_kl / k3 (module docstring)
+    kl_loss_type: str = "low_var_kl"
     tis: bool = False
     tis_cap: float = 2.0
     # sequence-level masked IS (verl Seq-MIS) and geometric-mean rejection (verl Geo-RS), see the module
@@ -146,10 +251,16 @@ class GRPOConfig:
             )
         if self.clip_high < 0.0:
             raise ValueError(f"GRPOConfig.clip_high must be >= 0, got {self.clip_high}")
-        if self.loss_agg not in LOSS_AGG_MODES:
-            raise ValueError(f"GRPOConfig.loss_agg must be one of {LOSS_AGG_MODES}, got {self.loss_agg!r}")
+        _one_of("loss_agg", self.loss_agg, LOSS_AGG_MODES)
+        _one_of("kl_loss_type", self.kl_loss_type, KL_LOSS_TYPES)
+        lsf = self.loss_scale_factor
+        if lsf is not None and (not _is_number(lsf) or not 0 < lsf < math.inf):
+            raise ValueError(
+                f"GRPOConfig.loss_scale_factor must be a finite number > 0 (Dr. GRPO's constant length, "
+                f"e.g. the rollout's max_new_tokens) or null, got {lsf!r}"
+            )
         if self.kl_coef < 0.0:
-            raise ValueError(f"GRPOConfig.kl_coef must be >= 0, got {self.kl_coef}")
+            raise ValueError(f"GRPOConfig.kl_coef must be >= 0 (0 = no KL loss), got {self.kl_coef}")
         for name in ("tis", "mis", "geo_rs", "scale_adv_by_std"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GRPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -222,6 +333,125 @@ def group_advantages(
 
 
 # --------------------------------------------------------------------------------------------------
+# aggregation: loss = numerator / denominator (module docstring)
+
+
+def _valid_mask(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask.detach()
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("mask must hold only 0/1 (or bool) values")
+    return mask.detach() != 0
+
+
+def _scale_factor(cfg: GRPOConfig) -> float:
+    if cfg.loss_scale_factor is None:
+        raise ValueError(
+            "GRPOConfig.loss_scale_factor is unset: loss_agg 'seq-mean-token-sum-norm' divides every "
+            "sequence by this constant (Dr. GRPO); set loss_scale_factor, e.g. to the rollout's "
+            "max_new_tokens (the RL config does so when it is null)"
+        )
+    return float(cfg.loss_scale_factor)
+
+
+def loss_denominator(kept: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+    """The aggregation's denominator D over the rows of `kept` (B, T) (bool or 0/1: the tokens the
+    loss aggregates, e.g. ``loss_mask``), a float64 0-d tensor: kept tokens (token-mean), sequences
+    with >= 1 kept token (seq-mean-*), times ``loss_scale_factor`` (seq-mean-token-sum-norm). Counts
+    add over disjoint rows, so a trainer sums it over micro-batches and ranks to get the global D."""
+    kept = _valid_mask(kept)
+    if cfg.loss_agg == "token-mean":
+        return kept.sum(dtype=torch.float64)
+    n_seq = kept.any(dim=1).sum(dtype=torch.float64)
+    if cfg.loss_agg == "seq-mean-token-sum-norm":
+        return n_seq * _scale_factor(cfg)
+    return n_seq
+
+
+def _numerator(x: torch.Tensor, kept: torch.Tensor, mode: str) -> torch.Tensor:
+    """The aggregation's numerator N of per-token values x (B, T); entries outside `kept` must be 0."""
+    if mode == "seq-mean-token-mean":
+        n_b = kept.sum(dim=1).clamp(min=1).to(x.dtype)  # a sequence without kept tokens adds 0
+        return (x.sum(dim=1) / n_b).sum()
+    return x.sum()  # token-mean and the token-sum modes differ in the denominator only
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics that add over micro-batches and ranks
+
+
+@dataclass
+class LossStats:
+    """The loss statistics of some rows as sums, counts and extremes (module docstring, "Statistics").
+
+    ``add`` merges the stats of disjoint rows; ``means`` turns them into the reported numbers. ``token``
+    values are sums over valid tokens (``n_tokens`` of them), ``seq`` values sums over sequences with
+    >= 1 valid token (``n_seqs``), ``total`` values are added as they are (the loss parts N / D), and
+    ``max`` / ``min`` are extremes (-inf / +inf over nothing)."""
+
+    token: dict[str, float] = field(default_factory=dict)
+    seq: dict[str, float] = field(default_factory=dict)
+    total: dict[str, float] = field(default_factory=dict)
+    max: dict[str, float] = field(default_factory=dict)
+    min: dict[str, float] = field(default_factory=dict)
+    n_tokens: float = 0.0
+    n_seqs: float = 0.0
+
+    def add(self, other: LossStats) -> LossStats:
+        """Merge `other` (the stats of other rows) into self, in place; returns self."""
+        for kind in ("token", "seq", "total"):
+            mine = getattr(self, kind)
+            for k, v in getattr(other, kind).items():
+                mine[k] = mine.get(k, 0.0) + v
+        for k, v in other.max.items():
+            self.max[k] = max(self.max.get(k, -math.inf), v)
+        for k, v in other.min.items():
+            self.min[k] = min(self.min.get(k, math.inf), v)
+        self.n_tokens += other.n_tokens
+        self.n_seqs += other.n_seqs
+        return self
+
+    def vectors(self) -> tuple[list[str], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(keys, sums, maxes, mins) as float64 vectors, for an all-reduce (SUM, MAX, MIN); keys are
+        ``kind/name``, sorted, with ``n/tokens`` and ``n/seqs`` among the sums."""
+        keys = [f"{kind}/{k}" for kind in ("token", "seq", "total") for k in getattr(self, kind)]
+        keys += ["n/tokens", "n/seqs"]
+        sums = [*self.token.values(), *self.seq.values(), *self.total.values(), self.n_tokens, self.n_seqs]
+        keys += [f"max/{k}" for k in self.max] + [f"min/{k}" for k in self.min]
+        f64 = torch.float64
+        return (
+            keys,
+            torch.tensor(sums, dtype=f64),
+            torch.tensor(list(self.max.values()), dtype=f64),
+            torch.tensor(list(self.min.values()), dtype=f64),
+        )
+
+    @classmethod
+    def from_vectors(
+        cls, keys: list[str], sums: torch.Tensor, maxes: torch.Tensor, mins: torch.Tensor
+    ) -> LossStats:
+        out = cls()
+        values = [*sums.tolist(), *maxes.tolist(), *mins.tolist()]
+        for key, v in zip(keys, values, strict=True):
+            kind, name = key.split("/", 1)
+            if kind == "n":
+                setattr(out, f"n_{name}", v)
+            else:
+                getattr(out, kind)[name] = v
+        return out
+
+    def means(self, minibatches: int = 1) -> dict[str, float]:
+        """The reported statistics: token and sequence means, extremes, and the loss parts summed and
+        averaged over `minibatches` (the optimizer steps the parts came from)."""
+        out = {k: v / minibatches for k, v in self.total.items()}
+        out |= {k: v / self.n_tokens if self.n_tokens else 0.0 for k, v in self.token.items()}
+        out |= {k: v / self.n_seqs if self.n_seqs else 0.0 for k, v in self.seq.items()}
+        out |= {k: v if math.isfinite(v) else 1.0 for k, v in self.max.items()}
+        out |= {k: v if math.isfinite(v) else 1.0 for k, v in self.min.items()}
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
 # loss
 
 
@@ -237,16 +467,6 @@ def _check_2d(x: torch.Tensor, name: str, shape: torch.Size | None) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 
-def _agg(x: torch.Tensor, valid: torch.Tensor, n_valid: torch.Tensor, mode: str) -> torch.Tensor:
-    """Aggregate per-token values x (B, T); masked-out entries must already be 0."""
-    if mode == "token-mean":
-        return x.sum() / n_valid
-    n_b = valid.sum(dim=1)  # seq-mean-token-mean over sequences with >= 1 valid token
-    has = n_b > 0
-    per_seq = x.sum(dim=1)[has] / n_b[has]
-    return per_seq.mean()
-
-
 def _masked_log_ratio(
     logp_old: torch.Tensor, logp_sampler: torch.Tensor, valid: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -257,58 +477,61 @@ def _masked_log_ratio(
     return s, s / n.clamp(min=1), n
 
 
+def _extremes(x: torch.Tensor, where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, min) of x over `where`; -inf / +inf when it selects nothing."""
+    inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
+    return torch.where(where, x, -inf).max(), torch.where(where, x, inf).min()
+
+
 def rollout_correction(
     logp_old: torch.Tensor, logp_sampler: torch.Tensor, valid: torch.Tensor, cfg: GRPOConfig
-) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-    """MIS / Geo-RS of the module docstring: (keep (B,) bool, MIS weight (B,) float64 or None, stats).
+) -> tuple[torch.Tensor, torch.Tensor | None, LossStats]:
+    """MIS / Geo-RS of the module docstring: (keep (B,) bool, MIS weight (B,) float64 or None, stats
+    as sums with no counts: the caller's ``LossStats`` holds those).
 
     `valid` (B, T) bool; sequences without valid tokens are kept (they hold nothing) and not counted."""
     s, m, n = _masked_log_ratio(logp_old, logp_sampler, valid)
     has = n > 0
     keep = torch.ones_like(has)
     weight = None
-    stats: dict[str, float] = {}
-    n_seq = max(int(has.sum()), 1)
     nf = n.double()
-    n_tok = max(float(nf.sum()), 1.0)
+    token: dict[str, torch.Tensor] = {}
+    seq: dict[str, torch.Tensor] = {}
+    hi: dict[str, torch.Tensor] = {}
+    lo: dict[str, torch.Tensor] = {}
     if cfg.mis:
         w = torch.exp(s.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         ok = (w >= cfg.mis_lower) & (w <= cfg.mis_upper)
         keep &= ok | ~has
         weight = w.clamp(max=cfg.mis_upper)
-        sv = s[has]
-        stats["rollout_is_mean"] = float((w * nf).sum() / n_tok)
-        stats["rollout_is_max"] = float(torch.exp(sv.max().clamp(max=SAFETY_BOUND))) if has.any() else 1.0
-        stats["rollout_is_min"] = float(torch.exp(sv.min())) if has.any() else 1.0
-        stats["mis_seq_masked_fraction"] = float((~ok & has).sum()) / n_seq
+        token["rollout_is_mean"] = (w * nf).sum()  # the token mean of w_b
+        hi["rollout_is_max"], lo["rollout_is_min"] = _extremes(w, has)
+        seq["mis_seq_masked_fraction"] = (~ok & has).sum(dtype=torch.float64)
     if cfg.geo_rs:
         g = torch.exp(m.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         ok = (g >= cfg.geo_rs_lower) & (g <= cfg.geo_rs_upper)
         keep &= ok | ~has
-        gv = g[has]
-        stats["geo_rs_ratio_mean"] = float((g * nf).sum() / n_tok)
-        stats["geo_rs_ratio_max"] = float(gv.max()) if has.any() else 1.0
-        stats["geo_rs_ratio_min"] = float(gv.min()) if has.any() else 1.0
-        stats["geo_rs_seq_masked_fraction"] = float((~ok & has).sum()) / n_seq
+        token["geo_rs_ratio_mean"] = (g * nf).sum()
+        hi["geo_rs_ratio_max"], lo["geo_rs_ratio_min"] = _extremes(g, has)
+        seq["geo_rs_seq_masked_fraction"] = (~ok & has).sum(dtype=torch.float64)
     if cfg.rejects:
-        stats["rollout_rs_masked_fraction"] = float((nf * (~keep).double()).sum()) / n_tok
-        stats["rollout_rs_seq_masked_fraction"] = float((~keep & has).sum()) / n_seq
+        token["rollout_rs_masked_fraction"] = (nf * (~keep).double()).sum()
+        seq["rollout_rs_seq_masked_fraction"] = (~keep & has).sum(dtype=torch.float64)
+    groups = (token, seq, hi, lo)
+    flat = [v for d in groups for v in d.values()]
+    values = iter(torch.stack(flat).tolist() if flat else [])  # one device sync
+    stats = LossStats(*({k: next(values) for k in d} for d in (token, seq)))
+    stats.max = {k: next(values) for k in hi}
+    stats.min = {k: next(values) for k in lo}
     return keep, weight, stats
-
-
-def _valid_mask(mask: torch.Tensor) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        return mask.detach()
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("mask must hold only 0/1 (or bool) values")
-    return mask.detach() != 0
 
 
 def loss_mask(
     logp_old: torch.Tensor, logp_sampler: torch.Tensor | None, mask: torch.Tensor, cfg: GRPOConfig
 ) -> torch.Tensor:
     """(B, T) bool: the tokens the loss aggregates, `mask` without the sequences MIS / Geo-RS reject.
-    A trainer that splits a batch into micro-batches weighs each by its share of these tokens."""
+    ``loss_denominator`` of it, summed over a minibatch's micro-batches and ranks, is the global
+    denominator a trainer passes to ``grpo_loss``."""
     valid = _valid_mask(mask)
     if not cfg.rejects:
         return valid
@@ -327,6 +550,7 @@ def grpo_loss(
     logp_sampler: torch.Tensor | None = None,
     *,
     logp_ref: torch.Tensor | None = None,
+    denominator: float | torch.Tensor | None = None,
     check_finite: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO/DAPO clipped policy loss, optionally with TIS, MIS, Geo-RS and a KL penalty.
@@ -340,11 +564,44 @@ def grpo_loss(
         logp_sampler: (B, T) the sampler engine's log-probs of the same tokens; required when
             ``cfg.tis``, ``cfg.mis`` or ``cfg.geo_rs``, ignored otherwise.
         logp_ref: (B, T) reference-policy log-probs; required when ``cfg.kl_coef > 0``.
+        denominator: the aggregation's D (``loss_denominator``) of the whole batch these rows are part
+            of: the loss is then this part's N / D, and the parts of disjoint rows add up to the
+            batch's loss (a mask without valid tokens is allowed: its part is 0). None: these rows'
+            own D (the loss of these rows alone).
         check_finite: raise ``ValueError`` when an input is NaN/inf at a valid token (one device sync).
 
     Returns:
-        (loss, stats): a 0-d tensor differentiable w.r.t. ``logp_new`` only, and float stats.
+        (loss, stats): a 0-d tensor differentiable w.r.t. ``logp_new`` only, and float stats (module
+        docstring).
     """
+    loss, stats = grpo_loss_sums(
+        logp_new,
+        logp_old,
+        advantages,
+        mask,
+        cfg,
+        logp_sampler,
+        logp_ref=logp_ref,
+        denominator=denominator,
+        check_finite=check_finite,
+    )
+    return loss, stats.means()
+
+
+def grpo_loss_sums(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: GRPOConfig,
+    logp_sampler: torch.Tensor | None = None,
+    *,
+    logp_ref: torch.Tensor | None = None,
+    denominator: float | torch.Tensor | None = None,
+    check_finite: bool = True,
+) -> tuple[torch.Tensor, LossStats]:
+    """``grpo_loss`` with its statistics as a ``LossStats`` (sums, counts, extremes) that adds over
+    micro-batches and ranks."""
     if not isinstance(cfg, GRPOConfig):
         raise TypeError(f"cfg must be a GRPOConfig, got {type(cfg).__name__}")
     _check_2d(logp_new, "logp_new", None)
@@ -365,10 +622,11 @@ def grpo_loss(
         raise ValueError(f"cfg.kl_coef={cfg.kl_coef} > 0: pass logp_ref (the reference policy's log-probs)")
     if logp_ref is not None:
         _check_2d(logp_ref, "logp_ref", shape)
+    if cfg.loss_agg == "seq-mean-token-sum-norm":
+        _scale_factor(cfg)  # refuses an unset loss_scale_factor
 
     valid = _valid_mask(mask)
-    n_valid_int = int(valid.sum())
-    if n_valid_int == 0:
+    if denominator is None and not bool(valid.any()):
         raise ValueError("mask selects no tokens: the loss over an empty batch is undefined")
 
     dtype = torch.promote_types(logp_new.dtype, torch.float32)
@@ -408,61 +666,54 @@ def grpo_loss(
         tis_w = torch.where(valid, torch.ones_like(ratio), zero)
         tis_capped = torch.zeros_like(valid)
 
-    corr_stats: dict[str, float] = {}
+    corr = LossStats()
     kept = valid
     if cfg.rejects:
-        keep, mis_w, corr_stats = rollout_correction(old, inputs["logp_sampler"], valid, cfg)
+        keep, mis_w, corr = rollout_correction(old, inputs["logp_sampler"], valid, cfg)
         kept = valid & keep[:, None]
         if mis_w is not None:
             pg = pg * mis_w.to(dtype)[:, None]
         pg = torch.where(kept, pg, zero)
 
-    n_valid = valid.sum().to(dtype)
-    n_kept = kept.sum().to(dtype)
-    any_kept = bool(kept.any())
-    # nothing kept: an exact 0 that still depends on logp_new (zero gradient), not 0 / 0
-    nothing = torch.where(valid, new, zero).sum() * 0.0
-    pg_loss = _agg(pg, kept, n_kept, cfg.loss_agg) if any_kept else nothing
+    den = loss_denominator(kept, cfg) if denominator is None else denominator
+    den = torch.as_tensor(den, dtype=dtype, device=new.device)
+    # D = 0 (nothing kept anywhere): N is an exact 0 with zero gradient, so N / 1 is the loss, not 0 / 0
+    den = torch.where(den > 0, den, torch.ones_like(den))
+    pg_loss = _numerator(pg, kept, cfg.loss_agg) / den
     if logp_ref is not None:
-        d_ref = torch.where(kept, inputs["logp_ref"] - new, zero)
-        kl = torch.expm1(d_ref) - d_ref
-        kl_loss = _agg(kl, kept, n_kept, cfg.loss_agg) if any_kept else nothing
+        # the estimator on sanitized inputs: 0 with a finite gradient at masked-out tokens
+        kl_tok = kl_estimate(
+            torch.where(valid, new, zero), torch.where(valid, inputs["logp_ref"], zero), cfg.kl_loss_type
+        )
+        kl_loss = _numerator(torch.where(kept, kl_tok, zero), kept, cfg.loss_agg) / den
+        kl_ref_sum = kl_tok.detach().sum()
     else:
-        kl_loss = zero
+        kl_loss = kl_ref_sum = zero
     loss = pg_loss + cfg.kl_coef * kl_loss if cfg.kl_coef > 0 else pg_loss
 
     with torch.no_grad():
         vf = valid.to(dtype)
         r = ratio.detach()
-        big = torch.tensor(float("inf"), dtype=dtype, device=r.device)
-        stats_t = torch.stack(
-            [
-                loss.detach(),
-                pg_loss.detach(),
-                kl_loss.detach(),
-                (clipped.to(dtype) * vf).sum() / n_valid,
-                (clip_low_hit.to(dtype) * vf).sum() / n_valid,
-                (clip_high_hit.to(dtype) * vf).sum() / n_valid,
-                (r * vf).sum() / n_valid,
-                torch.where(valid, r, big).min(),
-                torch.where(valid, r, -big).max(),
-                ((torch.expm1(log_ratio.detach()) - log_ratio.detach()) * vf).sum() / n_valid,
-                tis_w.sum() / n_valid,
-                tis_capped.to(dtype).sum() / n_valid,
-            ]
-        )
-    names = (
-        "loss",
-        "pg_loss",
-        "kl_loss",
-        "clip_frac",
-        "clip_frac_low",
-        "clip_frac_high",
-        "ratio_mean",
-        "ratio_min",
-        "ratio_max",
-        "approx_kl",
-        "tis_weight_mean",
-        "tis_capped_frac",
+        r_max, r_min = _extremes(r, valid)
+        totals = {"loss": loss.detach(), "pg_loss": pg_loss.detach(), "kl_loss": kl_loss.detach()}
+        token = {
+            "clip_frac": (clipped.to(dtype) * vf).sum(),
+            "clip_frac_low": (clip_low_hit.to(dtype) * vf).sum(),
+            "clip_frac_high": (clip_high_hit.to(dtype) * vf).sum(),
+            "ratio_mean": (r * vf).sum(),
+            "approx_kl": ((torch.expm1(log_ratio.detach()) - log_ratio.detach()) * vf).sum(),
+            "tis_weight_mean": tis_w.sum(),
+            "tis_capped_frac": tis_capped.to(dtype).sum(),
+            "kl_ref": kl_ref_sum,
+        }
+        counts = [vf.sum(), valid.any(dim=1).to(dtype).sum()]
+        values = torch.stack([*totals.values(), *token.values(), r_max, r_min, *counts]).tolist()
+    stats = LossStats(
+        token=dict(zip(token, values[3:11], strict=True)),
+        total=dict(zip(totals, values[:3], strict=True)),
+        max={"ratio_max": values[11]},
+        min={"ratio_min": values[12]},
+        n_tokens=values[13],
+        n_seqs=values[14],
     )
-    return loss, {**dict(zip(names, stats_t.tolist(), strict=True)), **corr_stats}
+    return loss, stats.add(corr)
