@@ -9,7 +9,7 @@ or a power cut at that point leaves. Unset (always, outside tests) a call costs 
 
 Points (each named where it sits in the code):
     step              a GRPO step, after the optimizer update, before its metrics row and checkpoint
-                      (minite/rl/loop.py; minite/distributed/run.py for train-dist)
+                      (minite/rl/loop.py, for minite train and train-dist alike)
     checkpoint_write  a checkpoint write, after the first tensor file is in <dir>.tmp and before the
                       rest and the manifest (minite/checkpoint.py)
     checkpoint_swap   between the two renames that swap a finished checkpoint in: <dir> already moved

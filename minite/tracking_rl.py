@@ -8,21 +8,19 @@ fed step by step, closed with the run's outputs.
 
 `finish_rl_run` compares the run with metrics.jsonl and logs the (metric, step) pairs it lacks (rows a
 killed attempt wrote but never sent, rows `skipped` that `log_fn` does not see), so a FINISHED run
-holds every row of metrics.jsonl exactly once. A job whose loop has no `log_fn` (train-dist's ranks)
-follows its metrics.jsonl instead (`follow_metrics`: a thread that logs the complete lines as they
-appear, every `interval` seconds).
+holds every row of metrics.jsonl exactly once. In a data-parallel job rank 0 logs, as one process
+does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from minite.tracking import JobRun, job_run, metrics_from_jsonl, run_identity, step_metrics, summary_metrics
+from minite.tracking import JobRun, job_run, metrics_from_jsonl, run_identity, summary_metrics
 
 
 def rl_params(cfg: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], list[Path]]:
@@ -88,42 +86,3 @@ def finish_rl_run(run: JobRun, out_dir: str | Path) -> None:
     artifacts += [p for p in (summary_path, out / "events.jsonl") if p.is_file()]
     run.log_artifacts(artifacts)
 
-
-class MetricsFollower:
-    """A thread that logs the complete lines a metrics.jsonl gains (re-read from the start when the
-    file is replaced or shrinks, e.g. a resume's truncation; the run skips pairs it already holds)."""
-
-    def __init__(self, run: JobRun, path: Path, interval: float = 2.0):
-        self.run, self.path, self.interval = run, Path(path), interval
-        self._stop = threading.Event()
-        self._pos, self._inode = 0, None
-        self._thread = threading.Thread(target=self._loop, name="minite-metrics-follower", daemon=True)
-
-    def _poll(self) -> None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return
-        if st.st_ino != self._inode or st.st_size < self._pos:
-            self._inode, self._pos = st.st_ino, 0
-        with self.path.open("rb") as f:
-            f.seek(self._pos)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a line without its newline is still being written
-        for line in data[:end].splitlines():
-            if line.strip():
-                self.run.log_series(step_metrics(json.loads(line)))
-        self._pos += end
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._poll()
-
-    def __enter__(self) -> MetricsFollower:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._poll()

@@ -269,7 +269,7 @@ def worker(spec: ScalingSpec, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
     from minite.bench.throughput import device_info
-    from minite.distributed.run import init_distributed
+    from minite.distributed.ranks import init_distributed
 
     rank, world, device = init_distributed()
 

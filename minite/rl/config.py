@@ -26,16 +26,38 @@ def _at_least(low: int, **values: int) -> None:
 
 
 @dataclass(frozen=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (minite.rl.loop): drop groups whose rewards are all equal and generate
+    more until `prompts_per_step` groups carry signal, at most `max_num_gen_batches` generation batches
+    a step; then `on_exhausted`: "error" (stop, naming the keys) or "partial" (train on what there is)."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 4
+    on_exhausted: Literal["error", "partial"] = "error"
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 1:
+            raise ConfigError(
+                f"rollout.filter_groups.max_num_gen_batches must be >= 1 (generation batches a step may "
+                f"take), got {self.max_num_gen_batches}; 1 keeps only the first batch's groups with signal"
+            )
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     prompts_per_step: int = 16
     max_new_tokens: int = 8
+    # the sampling temperature: the samplers report, and the trainer recomputes, log-probs of
+    # softmax(logits / temperature), the distribution the tokens were drawn from
     temperature: float = 1.0
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
     def __post_init__(self) -> None:
         _at_least(1, prompts_per_step=self.prompts_per_step, max_new_tokens=self.max_new_tokens)
-        if not 0 <= self.temperature < math.inf:  # NaN fails every comparison
+        if not 0 < self.temperature < math.inf:  # NaN fails every comparison
             raise ConfigError(
-                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}"
+                f"rollout.temperature must be a finite number > 0, got {self.temperature}; RL samples "
+                "(greedy decoding would give a group identical completions); e.g. 1.0 or 0.7"
             )
 
 
@@ -151,6 +173,11 @@ class TrainConfig:
             micro_batch=self.micro_batch,
             checkpoint_every=self.checkpoint_every,
         )
+        if self.rollout.filter_groups.enable and self.grpo.group_size < 2:
+            raise ConfigError(
+                "rollout.filter_groups.enable needs grpo.group_size >= 2 (a group of one always has equal "
+                f"rewards, so every group would be dropped), got {self.grpo.group_size}"
+            )
         rows = self.rollout.prompts_per_step * self.grpo.group_size
         if self.minibatches > rows:
             raise ConfigError(

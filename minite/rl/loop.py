@@ -1,12 +1,22 @@
 """The GRPO loop: sample with the sampler engine, recompute with the trainer, measure the gap, update,
-sync weights. One process, deterministic under a seed on CPU, resumable from its last checkpoint.
+sync weights. Deterministic under a seed on CPU, resumable from its last checkpoint.
+
+One loop for one process and for N data-parallel ranks (`minite train` and `minite train-dist` are two
+entry points to `train`): data parallelism is a branch inside it, not a second loop. Under torchrun
+(minite.distributed.ranks) every rank holds an FSDP2 shard of the learner and its rows of each step's
+batch (contiguous, equal slices: prompts_per_step × group_size must divide by N); rank 0 scores the
+rewards, takes every decision (dynamic sampling, the time limit) and broadcasts it, and writes
+metrics.jsonl, memory.json, events.jsonl and summary.json exactly as one process does. Checkpoints:
+one process writes `<out>/checkpoint` (safetensors); N ranks write the sharded
+`<out>/checkpoint_sharded` that `--resume` reads (DCP, resharding on load) and the consolidated
+`<out>/checkpoint/model.safetensors` that the workflow's later stages read.
 
 Device (`TrainConfig.device`: auto | cpu | cuda | cuda:N, `rl.device` in a profile): the trainer (fp32
 masters, bf16 copies, AdamW state, batches) and the built-in sampler (generation and scoring) run there,
 weights sync device to device, rewards and metrics come back as CPU floats, and checkpoints hold CPU
 tensors (safetensors) that a resume loads back onto the device. `auto` is cuda when torch sees a GPU,
-else cpu; asking for cuda where there is none fails before anything is built. CPU runs are bit for
-bit what they were before the setting existed.
+else cpu; asking for cuda where there is none fails before anything is built. Data parallel, each
+rank takes its own GPU (NCCL) or the CPU (gloo).
 
 Task (`prompt`, `reward`): the data rows (minite.rl.data: text or chat messages, an answer, a
 data_source) become prompt ids through the model's own tokenizer (minite.rl.prompts: `plain`, or the
@@ -14,244 +24,68 @@ chat template with `add_generation_prompt=True`), generation stops at EOS and th
 end-of-turn token in either sampler, and completions are scored by the reward of `reward.name`
 (minite.rl.rewards; `auto`: by data_source), which never raises.
 
-Per step it appends one JSON line to `<out_dir>/metrics.jsonl`: reward, response length, the DESIGN.md
-mismatch metrics between the trainer's recompute and the sampler's log-probs (prefixed `mismatch/`),
-the loss statistics (`train/`), the reward's accuracy and its ungradable completions (`reward/acc`,
-`reward/no_answer`, `reward/errors`), and periodically the greedy eval accuracy (`eval/accuracy`).
-The process's peak memory after each step (resident set; on a GPU also the device's peak allocation)
-goes to `<out_dir>/memory.json`, apart from the metrics, which must be reproducible.
+Dynamic sampling (`rollout.filter_groups`, DAPO, Yu et al. 2025): a group whose rewards are all equal
+has advantage 0 and carries no signal. With `enable`, the step generates, drops such groups, and
+generates another batch of fresh prompts until `prompts_per_step` groups carry signal (the first ones
+are kept) or `max_num_gen_batches` batches were generated; then it stops with an error naming the key
+(`on_exhausted: error`, verl's behaviour) or trains on the groups it has (`partial`; a step with none
+is skipped). Metrics: `rollout/gen_batches`, `rollout/groups_generated`, `rollout/groups_kept`.
+
+KL to a reference policy (`grpo.kl_coef` > 0): the frozen starting policy (the weights in `model_dir`),
+executed in the trainer's own recipe numerics (the same module swaps, bf16 copies and, data parallel,
+FSDP2 sharding), computes `logp_ref` for each step's batch; at step 0 it is the trainer bit for bit, so
+the KL starts at exactly 0. It is rebuilt from `model_dir` on resume. Its parameter memory is in
+memory.json (`reference_params_mib`).
+
+Per step it appends one JSON line to `<out_dir>/metrics.jsonl`: reward, response length, the
+mismatch metrics between the trainer's recompute and the sampler's log-probs (prefixed `mismatch/`,
+defined in docs/design.md), the loss statistics (`train/`), the reward's accuracy and its ungradable
+completions (`reward/acc`, `reward/no_answer`, `reward/errors`), dynamic sampling's counts
+(`rollout/`), and periodically the greedy eval accuracy (`eval/accuracy`). The process's peak memory
+after each step (resident set; on a GPU also the device's peak allocation) goes to
+`<out_dir>/memory.json`, apart from the metrics, which must be reproducible. A finished run also
+writes `<out_dir>/ledger.json`, its compact record for the results ledger (minite.rl.ledger).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from minite.checkpoint import (
-    load_checkpoint,
-    save_checkpoint,
-)
+from minite.checkpoint import load_checkpoint, save_checkpoint
 from minite.configuration import ConfigError, to_dict
 from minite.diagnostics.metrics import mismatch_metrics
-from minite.engines.base import Completion, SamplingParams
+from minite.distributed.ranks import Ranks
+from minite.engines.base import Completion
 from minite.engines.device import resolve_device
 from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import TokenBatch, Trainer
-from minite.engines.weight_sync import export_weights
 from minite.faultinject import maybe_kill
-from minite.recipes import get_recipe
-from minite.rl.checks import check_inputs
+from minite.recipes import Recipe, get_recipe
+from minite.rl.checks import SHARDED_CHECKPOINT, check_inputs
 from minite.rl.config import TrainConfig
 from minite.rl.data import Example, read_examples
-from minite.rl.grpo import group_advantages
-from minite.rl.prompts import encode_prompt, stop_token_ids
-from minite.rl.rewards import completion_text, score_completions
-
-
-def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torch.device | None = None):
-    """The rollout engine of `cfg.sampler`; the built-in one on `device` (default: `cfg.device`)."""
-    dtype = torch.bfloat16 if cfg.sampler.dtype == "bfloat16" else torch.float32
-    if cfg.sampler.engine == "builtin":
-        from minite.engines.sampler import BuiltinSampler
-
-        sampler = BuiltinSampler(
-            model_config,
-            recipe,
-            dtype=dtype,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            device=device if device is not None else resolve_device(cfg.device),
-            max_len=cfg.sampler.max_model_len,
-        )
-        if cfg.sampler.logit_noise > 0:
-            from minite.engines.noise import LogitNoiseSampler
-
-            return LogitNoiseSampler(sampler, cfg.sampler.logit_noise)
-        return sampler
-    if cfg.sampler.data_parallel_size > 1:
-        raise ConfigError(
-            "sampler.data_parallel_size > 1: vLLM runs offline data parallelism only under an external "
-            "launcher (one engine per torchrun rank); the single-process loop cannot (docs/cluster.md)"
-        )
-    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
-    from minite.engines.vllm.engine import VLLMSampler
-
-    # vLLM starts from an HF directory that carries the recipe's quantization_config (the plugin's
-    # switch); the weights in it are replaced by the first weight sync before any generation
-    sampler_dir = write_sampler_checkpoint(cfg.model_dir, Path(cfg.out_dir) / "sampler_checkpoint", recipe)
-    return VLLMSampler(
-        sampler_dir,
-        recipe,
-        dtype=cfg.sampler.dtype,
-        seed=cfg.seed,
-        max_model_len=cfg.sampler.max_model_len,
-        learner_on_device=resolve_device(cfg.device).type == "cuda",
-        **cfg.sampler.engine_kwargs(),
-    )
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _truncate_metrics(path: Path, before_step: int) -> None:
-    """Drop records of steps that a resume will recompute (logged after the last checkpoint), and a
-    torn last line (a kill inside its write: no trailing newline, not valid JSON)."""
-    if not path.exists():
-        return
-    text = path.read_text()
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        try:
-            json.loads(lines[-1])
-        except json.JSONDecodeError:
-            lines.pop()
-    keep = []
-    for i, ln in enumerate(lines, start=1):
-        if not ln.strip():
-            continue
-        try:
-            step = json.loads(ln)["step"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ConfigError(
-                f"{path}:{i}: not a metrics record ({e}); fix or delete that line, then resume"
-            ) from e
-        if step < before_step:
-            keep.append(ln)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(ln + "\n" for ln in keep))
-    tmp.replace(path)
-
-
-def step_prompts(
-    cfg: TrainConfig, train_set: list[Example], tokenizer, step: int
-) -> tuple[list[Example], list[list[int]], SamplingParams]:
-    """A step's problems, encoded prompts and sampling parameters: a function of (seed, step) alone, so
-    a resumed run and every rank of `train-dist` draw the same ones."""
-    rng = random.Random(cfg.seed * 1_000_003 + step)
-    exs = rng.sample(train_set, cfg.rollout.prompts_per_step)
-    prompts = [encode_prompt(tokenizer, e, cfg.prompt) for e in exs]
-    params = SamplingParams(
-        n=cfg.grpo.group_size,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        seed=cfg.seed * 1_000_003 + step,
-        stop_token_ids=stop_token_ids(tokenizer, cfg.model_dir),
-    )
-    return exs, prompts, params
-
-
-def _scores(cfg: TrainConfig, tokenizer, completions: list[Completion], exs: list[Example], max_len: int):
-    texts = [
-        completion_text(tokenizer, c.token_ids, cfg.reward.reward_of(e.data_source))
-        for c, e in zip(completions, exs, strict=True)
-    ]
-    return score_completions(
-        cfg.reward,
-        texts,
-        [e.answer for e in exs],
-        [e.data_source for e in exs],
-        [len(c.token_ids) for c in completions],
-        max_len,
-    )
-
-
-def group_rewards(
-    cfg: TrainConfig, tokenizer, groups: list[list[Completion]], exs: list[Example]
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The reward of every completion, group by group (the order of the flattened completions), and
-    the step's reward metrics (minite.rl.rewards.score_completions)."""
-    flat = [(c, e) for g, e in zip(groups, exs, strict=True) for c in g]
-    _, rewards, stats = _scores(
-        cfg, tokenizer, [c for c, _ in flat], [e for _, e in flat], cfg.rollout.max_new_tokens
-    )
-    return torch.tensor(rewards), stats
-
-
-def evaluate_accuracy(cfg: TrainConfig, sampler, tokenizer, examples: list[Example]) -> float:
-    """Greedy accuracy (the reward's `acc`) on `examples`, prompts and stops as in rollouts."""
-    prompts = [encode_prompt(tokenizer, e, cfg.prompt) for e in examples]
-    params = SamplingParams(
-        n=1,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        temperature=0.0,
-        stop_token_ids=stop_token_ids(tokenizer, cfg.model_dir),
-    )
-    groups = sampler.generate(prompts, params)
-    scores, _, _ = _scores(cfg, tokenizer, [g[0] for g in groups], examples, cfg.eval.max_new_tokens)
-    return sum(s.acc for s in scores) / max(1, len(scores))
-
-
-def step_record(
-    step: int,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    clock: tuple[float, float, float, float],
-    reward_stats: dict[str, float],
-    gap: dict[str, float],
-    stats: dict[str, float],
-) -> dict[str, Any]:
-    """One metrics.jsonl row, the same keys for the one-process loop and train-dist's rank 0.
-    `clock`: (wall at the step's start, this process's CPU time then, wall after the rollout, wall
-    after the update)."""
-    t0, c0, t_roll, t_learn = clock
-    return {
-        "step": step,
-        "reward_mean": float(rewards.mean()),
-        "response_len_mean": float(mask.sum(1).float().mean()),
-        "time/rollout_s": t_roll - t0,
-        "time/learner_s": t_learn - t_roll,
-        "time/step_s": time.perf_counter() - t0,
-        # this process's CPU time for the step: on a shared machine close to what the step takes
-        # alone on one core (single-threaded runs), which is what sizing an experiment needs
-        "time/step_cpu_s": time.process_time() - c0,
-        **reward_stats,
-        **{f"mismatch/{k}": v for k, v in gap.items()},
-        **{f"train/{k}": v for k, v in stats.items()},
-    }
-
-
-def peak_memory_mib(device: torch.device) -> dict[str, float]:
-    """The process's peak resident memory so far (and the device's peak allocation on CUDA), MiB."""
-    import resource
-
-    out = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
-    if device.type == "cuda":
-        out["cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return out
-
-
-def summarize_metrics(metrics_path: Path, **header: Any) -> dict[str, Any]:
-    """The run summary (summary.json) from a metrics.jsonl: first/last reward, final eval accuracy and
-    the mean gap over the steps that ran (skipped steps are counted, not averaged)."""
-    everything = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
-    done = [r for r in everything if not r.get("skipped")]
-
-    def avg(key: str) -> float | None:
-        vals = [r[key] for r in done if key in r]
-        return sum(vals) / len(vals) if vals else None
-
-    evals = [r["eval/accuracy"] for r in done if "eval/accuracy" in r]
-    return {
-        **header,
-        "skipped_steps": len(everything) - len(done),
-        "reward_first": done[0]["reward_mean"] if done else None,
-        "reward_last": done[-1]["reward_mean"] if done else None,
-        "eval_accuracy_final": evals[-1] if evals else None,
-        "logp_abs_diff_mean_avg": avg("mismatch/logp_abs_diff_mean"),
-        "kl_k3_avg": avg("mismatch/kl_k3"),
-        "token_mult_prob_error_avg": avg("mismatch/token_mult_prob_error"),
-    }
+from minite.rl.grpo import group_advantages, zero_variance_groups
+from minite.rl.ledger import write_ledger_record
+from minite.rl.records import (  # noqa: F401  (summarize_metrics: this module's API too)
+    _append_jsonl,
+    _truncate_metrics,
+    peak_memory_mib,
+    step_record,
+    summarize_metrics,
+)
+from minite.rl.rollout import (  # noqa: F401  (make_sampler, evaluate_accuracy: this module's API too)
+    Rollout,
+    evaluate_accuracy,
+    group_rewards,
+    make_sampler,
+    step_prompts,
+)
 
 
 def _optimizer_state_to_params(optimizer: torch.optim.Optimizer) -> None:
@@ -284,6 +118,122 @@ INITIAL_EVAL_FILE = "eval_initial.json"
 MEMORY_FILE = "memory.json"
 
 
+def build_learner(
+    cfg: TrainConfig,
+    recipe: Recipe,
+    ranks: Ranks,
+    device: torch.device,
+    *,
+    frozen: bool = False,
+    activation_checkpointing: bool = False,
+) -> Trainer:
+    """The policy in `cfg.model_dir` with the recipe's trainer numerics: a `Trainer` in one process, a
+    `DistributedTrainer` (FSDP2 shard) on each rank. `frozen`: no parameter takes a gradient (the KL
+    reference)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw: dict[str, Any] = dict(seed=cfg.seed, temperature=cfg.rollout.temperature)
+    if not ranks.data_parallel:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
+        model.requires_grad_(not frozen)
+        return Trainer(model, recipe, cfg.optim, cfg.grpo, device=device, **kw)
+    from minite.distributed.ranks import materialize
+    from minite.distributed.trainer import DistributedTrainer
+
+    # rank 0 reads the weights; the others build the model on the meta device and receive them
+    mcfg = AutoConfig.from_pretrained(cfg.model_dir)
+    if ranks.lead:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
+        full = {k: v.clone() for k, v in model.state_dict().items()}
+    else:
+        cls = AutoModelForCausalLM._model_mapping[type(mcfg)]  # import it outside the meta context
+        with torch.device("meta"):
+            model = cls(mcfg).float()
+        full = {}
+    model.requires_grad_(not frozen)
+    trainer = DistributedTrainer(
+        model, recipe, cfg.optim, cfg.grpo, activation_checkpointing=activation_checkpointing, **kw
+    )
+    materialize(trainer.model, full, device)
+    return trainer
+
+
+def _params_mib(trainer: Trainer) -> float:
+    """This process's share of a model's parameters, MiB."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in trainer.model.parameters()]
+    return sum(t.numel() * t.element_size() for t in local) / 2**20
+
+
+def _restore(trainer: Trainer, ranks: Ranks, verified) -> int:
+    """Load the checkpoint `check_inputs` verified; the step to continue from."""
+    if not ranks.data_parallel:
+        state = load_checkpoint(verified, trainer.model, trainer.optimizer)
+        _optimizer_state_to_params(trainer.optimizer)
+        return int(state["step"])
+    from minite.distributed.checkpoint import load_sharded_checkpoint
+
+    return int(load_sharded_checkpoint(verified, trainer.model, trainer.optimizer)["step"])
+
+
+def _save(trainer: Trainer, ranks: Ranks, out: Path, state: dict[str, Any]) -> None:
+    if not ranks.data_parallel:
+        _save_checkpoint(out / "checkpoint", trainer, state)
+        return
+    from minite.distributed.checkpoint import save_full_checkpoint, save_sharded_checkpoint
+
+    save_sharded_checkpoint(out / SHARDED_CHECKPOINT, trainer.model, trainer.optimizer, state)
+    save_full_checkpoint(out / "checkpoint", trainer.model, state)
+
+
+def sample_groups(
+    cfg: TrainConfig, rollout: Rollout, tokenizer, train_set: list[Example], step: int
+) -> tuple[list[list[Completion]], list[Example], dict[str, float]] | None:
+    """A step's groups and their problems (rank 0; None elsewhere), with dynamic sampling's counts
+    (module docstring). Every rank calls it: each generation batch is a collective with vLLM replicas,
+    and rank 0's decision to stop is broadcast."""
+    fg = cfg.rollout.filter_groups
+    want = cfg.rollout.prompts_per_step
+    kept: list[tuple[list[Completion], Example]] = []
+    generated = batches = 0
+    while True:
+        exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step, batches)
+        groups = rollout.generate(prompts, params)
+        batches += 1
+        done = True
+        if rollout.ranks.lead:
+            generated += len(groups)
+            if fg.enable:
+                rewards, _ = group_rewards(cfg, tokenizer, groups, exs)
+                # non-finite rewards: keep the batch whole, the step's reward check reports them
+                signal = [True] * len(groups)
+                if bool(rewards.isfinite().all()):
+                    signal = (~zero_variance_groups(rewards, cfg.grpo.group_size)).tolist()
+                kept += [(g, e) for g, e, s in zip(groups, exs, signal, strict=True) if s]
+                done = len(kept) >= want or batches >= fg.max_num_gen_batches
+            else:
+                kept = list(zip(groups, exs, strict=True))
+        if not fg.enable or rollout.ranks.broadcast(done):
+            break
+    if not rollout.ranks.lead:
+        return None
+    if fg.enable and len(kept) < want and fg.on_exhausted == "error":
+        raise RuntimeError(
+            f"step {step}: dynamic sampling found {len(kept)} of rollout.prompts_per_step={want} groups with "
+            f"unequal rewards in rollout.filter_groups.max_num_gen_batches={fg.max_num_gen_batches} "
+            f"generation batches ({generated} groups); raise max_num_gen_batches, set "
+            "filter_groups.on_exhausted: partial to train on what there is, or check that the task is "
+            "neither too hard nor too easy for the model"
+        )
+    kept = kept[:want]
+    # data parallel, every rank takes the same number of rows
+    world = rollout.ranks.world
+    while kept and (len(kept) * cfg.grpo.group_size) % world:
+        kept.pop()
+    counts = {"rollout/gen_batches": float(batches), "rollout/groups_generated": float(generated)}
+    counts["rollout/groups_kept"] = float(len(kept))
+    return [g for g, _ in kept], [e for _, e in kept], counts
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -292,131 +242,187 @@ def train(
     log_fn=None,
     time_limit_s: float | None = None,
     eval_at_start: bool = False,
-) -> dict[str, Any]:
-    """Run GRPO per `cfg`; returns the summary also written to `<out_dir>/summary.json`.
+    activation_checkpointing: bool = False,
+) -> dict[str, Any] | None:
+    """Run GRPO per `cfg`; returns the summary also written to `<out_dir>/summary.json` (on rank 0; None
+    on the other ranks of a data-parallel job, which run this same function in an initialized process
+    group).
 
     `time_limit_s` (a wall-clock budget for the steps, from the start of this call): when the next step
     would not fit, the step just done is treated as the last one (final eval, checkpoint) and the run
     ends early; the summary then says `steps_done` and `stopped_early`. The stop depends on machine
     speed, so such a run is not reproducible step for step. `eval_at_start`: the greedy eval accuracy
     of the starting weights (the sampler's numerics) before the first step, written to
-    `<out_dir>/eval_initial.json` and into the summary as `eval_accuracy_initial`. Both off by default."""
+    `<out_dir>/eval_initial.json` and into the summary as `eval_accuracy_initial`. Both off by default.
+    `log_fn(record)`: called with each metrics row on rank 0 (MLflow's live logging).
+    `activation_checkpointing`: data parallel, recompute each decoder layer in the backward."""
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     t_begin = time.perf_counter()
-    verified = check_inputs(cfg, resume=resume)
-    device = resolve_device(cfg.device)
+    ranks = Ranks.current()
+    lead = ranks.lead
+    rows = cfg.rollout.prompts_per_step * cfg.grpo.group_size
+    if rows % ranks.world:
+        raise ConfigError(
+            f"rollout.prompts_per_step × grpo.group_size = {rows} rows do not split over {ranks.world} "
+            "ranks; make their product a multiple of the number of ranks"
+        )
+    hash_files = None
+    if ranks.data_parallel:
+        from minite.distributed.checkpoint import hash_files
+    # before any compute, on every rank alike: a --resume checkpoint is found, hashed (data parallel,
+    # each rank a share of the files) and checked here, then loaded below without hashing it again
+    verified = check_inputs(cfg, resume=resume, sharded=ranks.data_parallel, hash_files=hash_files)
+    device = ranks.device if ranks.data_parallel else resolve_device(cfg.device)
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+    metrics_path = out / "metrics.jsonl"
+    initial_path = out / INITIAL_EVAL_FILE
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        world = {"world_size": ranks.world} if ranks.data_parallel else {}
+        (out / "config.json").write_text(json.dumps({**to_dict(cfg), **world}, indent=2, sort_keys=True))
     torch.manual_seed(cfg.seed)
     recipe = get_recipe(cfg.recipe)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
-    trainer = Trainer(model, recipe, cfg.optim, cfg.grpo, seed=cfg.seed, device=device)
+    model_config = AutoConfig.from_pretrained(cfg.model_dir)
+    trainer = build_learner(cfg, recipe, ranks, device, activation_checkpointing=activation_checkpointing)
+    reference = None
+    if cfg.grpo.kl_coef > 0:
+        reference = build_learner(
+            cfg, recipe, ranks, device, frozen=True, activation_checkpointing=activation_checkpointing
+        )
 
-    metrics_path = out / "metrics.jsonl"
-    ckpt_path = out / "checkpoint"
-    initial_path = out / INITIAL_EVAL_FILE
     start = 0
     if verified is not None:  # resume: check_inputs found and verified it (not hashed again here)
-        state = load_checkpoint(verified, trainer.model, trainer.optimizer)
-        _optimizer_state_to_params(trainer.optimizer)
-        start = int(state["step"])
-    elif not resume:
-        if metrics_path.exists():
-            metrics_path.unlink()
-        if eval_at_start and initial_path.exists():
-            initial_path.unlink()
-    _truncate_metrics(metrics_path, start)
+        start = _restore(trainer, ranks, verified)
+    if lead:
+        if not resume:
+            metrics_path.unlink(missing_ok=True)
+            if eval_at_start:
+                initial_path.unlink(missing_ok=True)
+        _truncate_metrics(metrics_path, start)
 
     train_set = read_examples(Path(cfg.data_dir) / "train.jsonl")
     eval_set = read_examples(Path(cfg.data_dir) / "eval.jsonl")[: cfg.eval.n_examples]
     group = cfg.grpo.group_size
-    sampler = make_sampler(cfg, model.config, recipe, tokenizer, device=device)
-    sampler.update_weights(export_weights(trainer.model, recipe, version=start))
-    if eval_at_start and start == 0:
-        acc0 = evaluate_accuracy(cfg, sampler, tokenizer, eval_set)
-        initial_path.write_text(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
+    rollout = Rollout(cfg, recipe, tokenizer, model_config, ranks, device)
     steps_done, stopped_early = start, False
     memory: list[dict[str, float]] = []
+    extra_memory = {"reference_params_mib": _params_mib(reference)} if reference is not None else {}
     bar = tqdm(
         range(start, cfg.steps),
-        desc=f"GRPO {recipe.name} seed {cfg.seed}",
-        disable=not progress,
+        desc=f"GRPO {recipe.name} seed {cfg.seed}" + (f" ×{ranks.world}" if ranks.data_parallel else ""),
+        disable=not progress or not lead,
         initial=start,
         total=cfg.steps,
     )
     try:
+        rollout.sync_weights(trainer.model, start)
+        if eval_at_start and start == 0:
+            acc0 = rollout.accuracy(eval_set)  # every rank takes part (vLLM replicas)
+            if lead:
+                initial_path.write_text(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
         for step in bar:
             t0, c0 = time.perf_counter(), time.process_time()
             trainer.seeds.set_step(step)
-            exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step)
-            try:
-                groups = sampler.generate(prompts, params)
-                t_roll = time.perf_counter()
+            if reference is not None:
+                reference.seeds.set_step(step)
+            payload = None
+            drawn = sample_groups(cfg, rollout, tokenizer, train_set, step)
+            if lead:
+                groups, exs, counts = drawn
                 completions = [c for g in groups for c in g]
-                rewards, reward_stats = group_rewards(cfg, tokenizer, groups, exs)
-                batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
+                if completions:
+                    rewards, reward_stats = group_rewards(cfg, tokenizer, groups, exs)
+                    batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
+                    payload = (batch, rewards, {**reward_stats, **counts})
+                else:
+                    payload = (None, None, counts)
+            batch, rewards, reward_stats = ranks.broadcast(payload)
+            t_roll = time.perf_counter()
+            if batch is None:  # dynamic sampling, on_exhausted: partial, found no group with signal
+                if lead:
+                    _append_jsonl(metrics_path, {"step": step, "skipped": 1.0, **reward_stats})
+                continue
+            local = batch.select(_my_rows(len(rewards), ranks)).to(device)
+            try:  # raised on every rank alike (the trainer reduces its checks over ranks)
                 if not bool(torch.isfinite(rewards).all()):
                     raise NonFiniteError({"kind": "reward", "tensor": "rewards"})
-                on_device = batch.to(device)  # the same batch on CPU
-                logp_old = trainer.recompute_logprobs(on_device, cfg.micro_batch)
-                gap = mismatch_metrics(logp_old.cpu(), batch.sampler_logp, batch.mask)
                 adv = group_advantages(
                     rewards, group, scale_by_std=cfg.grpo.scale_adv_by_std, eps=cfg.grpo.adv_eps
-                )
+                )[_my_rows(len(rewards), ranks)]
+                logp_old = trainer.recompute_logprobs(local, cfg.micro_batch)
+                logp_ref = None
+                if reference is not None:
+                    logp_ref = reference.recompute_logprobs(local, cfg.micro_batch)
+                logp_all = trainer.gather_logprobs(logp_old) if ranks.data_parallel else logp_old
                 stats = trainer.update(
-                    on_device,
+                    local,
                     adv.to(device),
                     logp_old,
                     minibatches=cfg.minibatches,
                     micro_batch=cfg.micro_batch,
+                    logp_ref=logp_ref,
                 )
                 maybe_kill("step")  # test hook (minite/faultinject.py): updated, nothing logged or saved
             except NonFiniteError as err:
-                event = {"step": step, "action": cfg.on_nonfinite, **err.event}
-                _append_jsonl(out / "events.jsonl", event)
-                if log_fn is not None:
-                    log_fn({"step": step, "fault/nonfinite": 1.0})
+                if lead:
+                    event = {"step": step, "action": cfg.on_nonfinite, **err.event}
+                    _append_jsonl(out / "events.jsonl", event)
+                    if log_fn is not None:
+                        log_fn({"step": step, "fault/nonfinite": 1.0})
                 if cfg.on_nonfinite == "stop" or err.event.get("fatal"):
                     raise
-                _append_jsonl(metrics_path, {"step": step, "skipped": 1.0, "fault/nonfinite": 1.0})
-                bar.set_postfix(skipped=step)
+                if lead:
+                    _append_jsonl(metrics_path, {"step": step, "skipped": 1.0, "fault/nonfinite": 1.0})
+                    bar.set_postfix(skipped=step)
                 continue
             t_learn = time.perf_counter()
-            sampler.update_weights(export_weights(trainer.model, recipe, version=step + 1))
-            record = step_record(
-                step, rewards, batch.mask, (t0, c0, t_roll, t_learn), reward_stats, gap, stats
-            )
+            rollout.sync_weights(trainer.model, step + 1)
+            record = None
+            if lead:
+                gap = mismatch_metrics(logp_all.cpu(), batch.sampler_logp, batch.mask)
+                record = step_record(
+                    step, rewards, batch.mask, (t0, c0, t_roll, t_learn), reward_stats, gap, stats
+                )
             is_last = step + 1 == cfg.steps
-            # with a time limit: stop when another step as long as this one would overrun it
+            # with a time limit: stop when another step as long as this one would overrun it (rank 0's
+            # clock decides for every rank)
             over = (
-                time_limit_s is not None
+                lead
+                and time_limit_s is not None
                 and time.perf_counter() - t_begin + record["time/step_s"] > time_limit_s
             )
-            if over and not is_last:
+            if ranks.broadcast(over) and not is_last:
                 is_last = stopped_early = True
             if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
-                record["eval/accuracy"] = evaluate_accuracy(cfg, sampler, tokenizer, eval_set)
-            bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
-            if bad and any(k.startswith("train/") for k in bad):
-                raise FloatingPointError(f"step {step}: non-finite {bad}")
-            _append_jsonl(metrics_path, record)
-            memory.append({"step": step, **peak_memory_mib(device)})
-            (out / MEMORY_FILE).write_text(json.dumps(memory, indent=1) + "\n")
-            if log_fn is not None:
-                log_fn(record)
+                acc = rollout.accuracy(eval_set)  # every rank takes part (vLLM replicas)
+                if lead:
+                    record["eval/accuracy"] = acc
+            if lead:
+                bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+                if bad and any(k.startswith("train/") for k in bad):
+                    raise FloatingPointError(f"step {step}: non-finite {bad}")
+                _append_jsonl(metrics_path, record)
+                memory.append({"step": step, **peak_memory_mib(device), **extra_memory})
+                (out / MEMORY_FILE).write_text(json.dumps(memory, indent=1) + "\n")
+                if log_fn is not None:
+                    log_fn(record)
+                bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{gap['logp_abs_diff_mean']:.1e}")
             if is_last or (step + 1) % cfg.checkpoint_every == 0:
-                _save_checkpoint(ckpt_path, trainer, {"step": step + 1, "recipe": recipe.name})
-            bar.set_postfix(reward=f"{record['reward_mean']:.2f}", gap=f"{gap['logp_abs_diff_mean']:.1e}")
+                _save(trainer, ranks, out, {"step": step + 1, "recipe": recipe.name})
             steps_done = step + 1
             if stopped_early:
                 break
     finally:
-        sampler.close()
-    summary = summarize_metrics(metrics_path, recipe=recipe.name, seed=cfg.seed, steps=cfg.steps)
+        rollout.close()
+    if not lead:
+        return None
+    header: dict[str, Any] = dict(recipe=recipe.name, seed=cfg.seed, steps=cfg.steps)
+    if ranks.data_parallel:
+        header["world_size"] = ranks.world
+    summary = summarize_metrics(metrics_path, **header)
     if eval_at_start and initial_path.exists():
         summary["eval_accuracy_initial"] = json.loads(initial_path.read_text())["eval/accuracy"]
     if time_limit_s is not None:
@@ -428,4 +434,14 @@ def train(
             device=str(device),
         )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_ledger_record(out)  # the compact record the claims pool seeds from (minite.rl.ledger)
     return summary
+
+
+def _my_rows(n: int, ranks: Ranks) -> slice:
+    """This rank's contiguous rows of a batch of n (all of them in one process)."""
+    if not ranks.data_parallel:
+        return slice(0, n)
+    from minite.distributed.trainer import shard_rows
+
+    return shard_rows(n, ranks.rank, ranks.world)

@@ -38,7 +38,7 @@ def test_data_parallel_needs_an_external_launcher(tmp_path):
         make_sampler(cfg, None, None, None)
 
 
-# --- under train-dist (minite.distributed.run): one engine per rank, world / tp replicas ---------------
+# --- under train-dist (minite.distributed.ranks): one engine per rank, world / tp replicas ---------------
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_data_parallel_needs_an_external_launcher(tmp_path):
     [(2, 1, 1, (1, 2)), (8, 2, 1, (2, 4)), (8, 2, 4, (2, 4)), (8, 8, 1, (8, 1)), (1, 1, 1, (1, 1))],
 )
 def test_vllm_layout(world, tp, dp, expected):
-    from minite.distributed.run import vllm_layout
+    from minite.distributed.ranks import vllm_layout
 
     cfg = SamplerConfig(engine="vllm", tensor_parallel_size=tp, data_parallel_size=dp)
     assert vllm_layout(cfg, world) == expected
@@ -57,7 +57,7 @@ def test_vllm_layout(world, tp, dp, expected):
     [(8, 3, 1, "does not divide the 8 ranks"), (8, 2, 2, "set data_parallel_size to 4")],
 )
 def test_vllm_layout_rejects(world, tp, dp, message):
-    from minite.distributed.run import vllm_layout
+    from minite.distributed.ranks import vllm_layout
 
     cfg = SamplerConfig(engine="vllm", tensor_parallel_size=tp, data_parallel_size=dp)
     with pytest.raises(ConfigError, match=message):
@@ -66,7 +66,7 @@ def test_vllm_layout_rejects(world, tp, dp, message):
 
 @pytest.mark.parametrize(("n", "parts"), [(4, 2), (5, 2), (7, 3), (2, 4), (0, 3), (16, 8)])
 def test_split_covers_every_item_once_in_order(n, parts):
-    from minite.distributed.run import split
+    from minite.distributed.ranks import split
 
     slices = [split(n, parts, p) for p in range(parts)]
     assert [i for s in slices for i in range(n)[s]] == list(range(n))
@@ -83,7 +83,7 @@ def broadcast_worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from minite.distributed.run import broadcast_update
+    from minite.distributed.ranks import broadcast_update
     from minite.engines.weight_sync import export_weights
     from minite.models.tiny import build_tiny_model
     from minite.nn.swap import apply_numerics
