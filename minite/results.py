@@ -1,7 +1,8 @@
 """Published results are renderings of records: every results/**/*.md is made from a JSON record beside it.
 
 A record is the JSON a measurement wrote (`minite bench learner|rollout|attention`, `minite
-bench-kernels`, `minite bench-scaling`, `minite claims`) or, for a report written around numbers read
+bench-kernels`, `minite bench-scaling`, `minite claims`, scripts/gpu/h200_rl.sh, scripts/gpu/paper_h200.sh)
+or, for a report written around numbers read
 from logs and other files, a *document* record (`<name>.record.json`) that holds those numbers as
 tables and the words around them as `notes`, with `source` naming the committed log or JSON each
 number was read from. Hand-written remarks on a measured record go into its `notes` field (a string
@@ -36,7 +37,7 @@ def record_path(md: Path) -> Path:
 
 def kind_of(record: dict[str, Any]) -> str:
     """Which renderer a record takes, from the keys its writer gives it."""
-    if record.get("kind") in ("learner", "rollout", "document"):
+    if record.get("kind") in ("learner", "rollout", "document", "rl_h200", "paper_h200"):
         return record["kind"]
     if record.get("kind") == "learner_scaling_set":
         return "scaling"
@@ -54,6 +55,8 @@ def commit_of(record: dict[str, Any]) -> str | None:
     kind = kind_of(record)
     if kind in ("document", "claims"):
         return record.get("commit")
+    if kind in ("rl_h200", "paper_h200"):
+        return record.get("git_commit")
     if kind == "scaling":
         commits = {r["environment"].get("git_commit") for r in record["runs"]}
         return commits.pop() if len(commits) == 1 else None
@@ -116,6 +119,111 @@ def _claims(record: dict[str, Any]) -> str:
     return head + claims_markdown(record, heading="##")
 
 
+def _v(v: Any, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _steps(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in run.get("metrics") or [] if not m.get("skipped")]
+
+
+def _mean(steps: list[dict[str, Any]], key: str) -> float | None:
+    return sum(m[key] for m in steps) / len(steps) if steps else None
+
+
+def rl_h200_markdown(report: dict[str, Any]) -> str:
+    """scripts/gpu/h200_rl.sh's report: prepare + GRPO per recipe on one GPU."""
+    prep, versions = report["prepare"], report["versions"]
+    sft = prep.get("sft") or {}
+    rows = []
+    for r, run in report["runs"].items():
+        summ, proc = run.get("summary"), run.get("process") or {}
+        if summ is None:
+            why = f"failed (rc {proc['rc']})" if proc else "not run (no time left)"
+            rows.append(f"| {r} | {why} | | | | | | | |")
+            continue
+        steps = _steps(run)
+        rows.append(
+            f"| {r} | {summ.get('steps_done', len(run.get('metrics') or []))}/{summ.get('steps')}"
+            + (" (time limit)" if summ.get("stopped_early") else "")
+            + (" (killed)" if summ.get("incomplete") else "")
+            + " "
+            f"| {proc.get('process_s', 'n/a')} / {_v(summ.get('wall_s'), '.0f')} "
+            f"| {_v(_mean(steps, 'time/step_s'), '.2f')} ({_v(_mean(steps, 'time/rollout_s'), '.2f')} + "
+            f"{_v(_mean(steps, 'time/learner_s'), '.2f')}) "
+            f"| {_v(summ.get('eval_accuracy_initial'), '.3f')} -> "
+            f"{_v(summ.get('eval_accuracy_final'), '.3f')} "
+            f"| {_v(summ.get('reward_first'), '.3f')} -> {_v(summ.get('reward_last'), '.3f')} "
+            f"| {_v(summ.get('logp_abs_diff_mean_avg'), '.3e')} | {_v(summ.get('kl_k3_avg'), '.2e')} "
+            f"| {_v(_mean(steps, 'mismatch/bitwise_equal_frac'), '.4f')} |"
+        )
+    lines = [
+        f"# h200 RL: prepare + GRPO per recipe on one GPU ({report['gpu']})", "",
+        f"- profile `{report['profile']}`; date {report['date']}; "
+        f"git commit {report['git_commit'] or 'n/a'}; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"- whole script {report['total_s']} s; prepare {prep.get('prepare_s', 'n/a')} s on "
+        f"{prep.get('device', 'n/a')}: {prep.get('n_params', 0) / 1e6:.0f} M-parameter Qwen3-MoE, "
+        f"SFT {sft.get('steps', 'n/a')} steps in {_v(sft.get('wall_s'), '.0f')} s "
+        f"({sft.get('stop_reason', 'n/a')}), eval accuracy {_v(prep.get('eval_acc_before'), '.3f')} -> "
+        f"{_v(prep.get('eval_acc_after'), '.3f')} (greedy, {prep.get('n_eval', 'n/a')} eval problems)",
+        "", "Per recipe, seed 0: steps done/asked; seconds of the `minite train` process / of its loop; mean "
+        "step seconds (rollout + learner incl. weight sync); greedy eval accuracy of the starting weights -> "
+        "after the last step (the recipe's sampler, `rl.eval.n_examples` problems); mean reward of the first "
+        "-> last step; mean over steps of the trainer/sampler gap (mean |Δlogp|, KL k3) and of the fraction "
+        "of bit-identical token log-probs.", "",
+        "| recipe | steps | process / loop s | step s (rollout + learner) | eval acc before -> after "
+        "| reward first -> last | mean abs Δlogp | KL k3 | bitwise equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def paper_h200_markdown(report: dict[str, Any]) -> str:
+    """scripts/gpu/paper_h200.sh's report: the paper's setting at a larger miniature on one GPU."""
+    prep = report["prepare"]
+    rows = []
+    for r, run in report["runs"].items():
+        steps, proc = _steps(run), run.get("process") or {}
+        if not steps:
+            rows.append(f"| {r} | failed (rc {proc.get('rc', 'n/a')}) | | | | | | |")
+            continue
+        memory = run.get("memory") or []
+        peak = memory[-1] if memory else {}
+        top = max(m["mismatch/logp_abs_diff_max"] for m in steps)
+        rows.append(
+            f"| {r} | {len(steps)} | {proc.get('process_s', 'n/a')} | {_mean(steps, 'time/step_s'):.2f} "
+            f"({_mean(steps, 'time/rollout_s'):.2f} + {_mean(steps, 'time/learner_s'):.2f}) "
+            f"| {_v(peak.get('cuda_peak_mib'), '.0f')} / {_v(peak.get('peak_rss_mib'), '.0f')} "
+            f"| {_mean(steps, 'mismatch/logp_abs_diff_mean'):.3e} / {top:.3e} "
+            f"| {_mean(steps, 'mismatch/kl_k3'):.2e} | {_mean(steps, 'mismatch/bitwise_equal_frac'):.4f} "
+            f"| {_mean(steps, 'response_len_mean'):.0f} |"
+        )
+    lines = [
+        f"# paper-h200: the paper's setting, larger miniature, one GPU ({report['gpu']})", "",
+        f"- profile `{report['profile']}`; date {report['date']}; "
+        f"git commit {report['git_commit'] or 'n/a'}; whole script {report['total_s']} s",
+        f"- model: {prep.get('n_params', 0) / 1e9:.2f} B parameters ({prep.get('model_overrides')}), vocab "
+        f"{prep.get('vocab_size', 151936)}; {prep.get('n_train')} train / {prep.get('n_eval')} eval word "
+        f"problems; prepare {_v(prep.get('wall_s'), '.0f')} s",
+        "",
+        "Per recipe, seed 0 (untrained random model: the numbers are the pipeline's): RL steps; seconds of "
+        "the `minite train` process; mean step seconds (rollout + learner incl. weight sync); peak memory "
+        "after the last step, CUDA allocated / process RSS (MiB); mean |Δlogp| over steps / its max over "
+        "every token; KL k3; fraction of bit-identical token log-probs; mean completion tokens.", "",
+        "| recipe | steps | process s | step s (rollout + learner) | peak MiB cuda / rss "
+        "| \\|Δlogp\\| mean / max | KL k3 | bitwise equal | tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+    evals = {r: v["eval"] for r, v in report["runs"].items() if v.get("eval")}
+    if evals:
+        per_recipe = "; ".join(f"{r}: {t}" for r, t in evals.items())
+        lines += ["", f"lm-eval (chat template, 16 rows a task): {per_recipe}"]
+    return "\n".join(lines) + "\n"
+
+
 def _bench(name: str) -> Callable[[dict[str, Any]], str]:
     def render(record: dict[str, Any]) -> str:
         if name == "learner":
@@ -139,6 +247,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "scaling": _scaling,
     "claims": _claims,
     "document": document,
+    "rl_h200": rl_h200_markdown,
+    "paper_h200": paper_h200_markdown,
 }
 
 

@@ -68,8 +68,6 @@ def read(p):
         return json.loads(Path(p).read_text())
     except (OSError, ValueError):
         return None
-def f(v, fmt):
-    return "n/a" if v is None else format(v, fmt)
 
 versions = {}
 for mod in ("torch", "triton", "transformers"):
@@ -84,12 +82,11 @@ except ImportError:
     gpu = "no torch"
 smi = (work / "gpu.txt").read_text().strip() if (work / "gpu.txt").is_file() else None
 prep = read(work / "prepare" / "prepare_metrics.json") or {}
-report = {"profile": profile, "gpu": gpu, "nvidia_smi": smi, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+report = {"kind": "rl_h200", "profile": profile, "gpu": gpu, "nvidia_smi": smi, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
           "git_commit": commit or None, "versions": versions, "total_s": int(total_s),
           "prepare": {**{k: v for k, v in prep.items() if k not in ("sft", "model_config")},
                       "sft": {k: v for k, v in (prep.get("sft") or {}).items() if k not in ("losses",)},
                       **(read(work / "prepare_time.json") or {})}, "runs": {}}
-rows = []
 for r in recipes.split():
     run = work / "rl" / r / "seed0"
     summ = read(run / "summary.json")
@@ -106,44 +103,10 @@ for r in recipes.split():
         summ = {**summarize_metrics(run / "metrics.jsonl", recipe=r, seed=0), "steps_done": len(metrics),
                 "incomplete": True}
     report["runs"][r] = {"summary": summ, "process": proc, "metrics": metrics}
-    if summ is None:
-        why = f"failed (rc {proc['rc']})" if proc else "not run (no time left)"
-        rows.append(f"| {r} | {why} | | | | | | | |")
-        continue
-    steps = [m for m in metrics if not m.get("skipped")]
-    mean = lambda k: sum(m[k] for m in steps) / len(steps) if steps else None
-    rows.append(
-        f"| {r} | {summ.get('steps_done', len(metrics))}/{summ.get('steps')}"
-        f"{' (time limit)' if summ.get('stopped_early') else ''}{' (killed)' if summ.get('incomplete') else ''} "
-        f"| {proc.get('process_s', 'n/a')} / {f(summ.get('wall_s'), '.0f')} | {f(mean('time/step_s'), '.2f')} "
-        f"({f(mean('time/rollout_s'), '.2f')} + {f(mean('time/learner_s'), '.2f')}) "
-        f"| {f(summ.get('eval_accuracy_initial'), '.3f')} -> {f(summ.get('eval_accuracy_final'), '.3f')} "
-        f"| {f(summ.get('reward_first'), '.3f')} -> {f(summ.get('reward_last'), '.3f')} "
-        f"| {f(summ.get('logp_abs_diff_mean_avg'), '.3e')} | {f(summ.get('kl_k3_avg'), '.2e')} "
-        f"| {f(mean('mismatch/bitwise_equal_frac'), '.4f')} |"
-    )
-sft = report["prepare"]["sft"]
-lines = [
-    f"# h200 RL: prepare + GRPO per recipe on one GPU ({gpu})", "",
-    f"- profile `{profile}`; date {report['date']}; git commit {commit or 'n/a'}; "
-    + ", ".join(f"{k} {v}" for k, v in versions.items()),
-    f"- whole script {total_s} s; prepare {report['prepare'].get('prepare_s', 'n/a')} s on "
-    f"{prep.get('device', 'n/a')}: {prep.get('n_params', 0) / 1e6:.0f} M-parameter Qwen3-MoE, "
-    f"SFT {sft.get('steps', 'n/a')} steps in {f(sft.get('wall_s'), '.0f')} s ({sft.get('stop_reason', 'n/a')}), "
-    f"eval accuracy {f(prep.get('eval_acc_before'), '.3f')} -> {f(prep.get('eval_acc_after'), '.3f')} "
-    f"(greedy, {prep.get('n_eval', 'n/a')} eval problems)",
-    "", "Per recipe, seed 0: steps done/asked; seconds of the `minite train` process / of its loop; mean step "
-    "seconds (rollout + learner incl. weight sync); greedy eval accuracy of the starting weights -> after "
-    "the last step (the recipe's sampler, `rl.eval.n_examples` problems); mean reward of the first -> last "
-    "step; mean over steps of the trainer/sampler gap (mean |Δlogp|, KL k3) and of the fraction of "
-    "bit-identical token log-probs.", "",
-    "| recipe | steps | process / loop s | step s (rollout + learner) | eval acc before -> after "
-    "| reward first -> last | mean abs Δlogp | KL k3 | bitwise equal |",
-    "|---|---|---|---|---|---|---|---|---|",
-    *rows,
-]
-(out / "h200_rl.md").write_text("\n".join(lines) + "\n")
+from minite.results import render_record
 (out / "h200_rl.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-print("\n".join(lines))
+text = render_record(report, "h200_rl.json")
+(out / "h200_rl.md").write_text(text)
+print(text)
 PY
 say "total: $((SECONDS - T0)) s"

@@ -73,8 +73,6 @@ def read(p):
         return json.loads(Path(p).read_text())
     except (OSError, ValueError):
         return None
-def f(v, fmt):
-    return "n/a" if v is None else format(v, fmt)
 
 try:
     import torch
@@ -82,10 +80,10 @@ try:
 except ImportError:
     gpu = "no torch"
 prep = read(work / "prepare" / "prepare_metrics.json") or {}
-report = {"profile": profile, "gpu": gpu, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+report = {"kind": "paper_h200", "profile": profile, "gpu": gpu, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
           "git_commit": commit or None, "total_s": int(total_s),
-          "prepare": {k: v for k, v in prep.items() if k != "model_config"}, "runs": {}}
-rows = []
+          "prepare": {**{k: v for k, v in prep.items() if k != "model_config"},
+                      "vocab_size": (prep.get("model_config") or {}).get("vocab_size", 151936)}, "runs": {}}
 for r in recipes.split():
     run = work / "rl" / r / "seed0"
     metrics = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").is_file() else []
@@ -94,41 +92,10 @@ for r in recipes.split():
     ev = read(work / "eval" / r / "seed0.json")
     report["runs"][r] = {"summary": read(run / "summary.json"), "process": proc, "metrics": metrics,
                          "memory": memory, "eval": (ev or {}).get("tasks")}
-    steps = [m for m in metrics if not m.get("skipped")]
-    if not steps:
-        rows.append(f"| {r} | failed (rc {proc.get('rc', 'n/a')}) | | | | | | |")
-        continue
-    mean = lambda k: sum(m[k] for m in steps) / len(steps)
-    top = lambda k: max(m[k] for m in steps)
-    peak = memory[-1] if memory else {}
-    rows.append(
-        f"| {r} | {len(steps)} | {proc.get('process_s', 'n/a')} | {mean('time/step_s'):.2f} "
-        f"({mean('time/rollout_s'):.2f} + {mean('time/learner_s'):.2f}) "
-        f"| {f(peak.get('cuda_peak_mib'), '.0f')} / {f(peak.get('peak_rss_mib'), '.0f')} "
-        f"| {mean('mismatch/logp_abs_diff_mean'):.3e} / {top('mismatch/logp_abs_diff_max'):.3e} "
-        f"| {mean('mismatch/kl_k3'):.2e} | {mean('mismatch/bitwise_equal_frac'):.4f} "
-        f"| {mean('response_len_mean'):.0f} |"
-    )
-lines = [
-    f"# paper-h200: the paper's setting, larger miniature, one GPU ({gpu})", "",
-    f"- profile `{profile}`; date {report['date']}; git commit {commit or 'n/a'}; whole script {total_s} s",
-    f"- model: {prep.get('n_params', 0) / 1e9:.2f} B parameters ({prep.get('model_overrides')}), vocab "
-    f"{(prep.get('model_config') or {}).get('vocab_size', 151936)}; {prep.get('n_train')} train / "
-    f"{prep.get('n_eval')} eval word problems; prepare {f(prep.get('wall_s'), '.0f')} s",
-    "", "Per recipe, seed 0 (untrained random model: the numbers are the pipeline's): RL steps; seconds of the "
-    "`minite train` process; mean step seconds (rollout + learner incl. weight sync); peak memory after the "
-    "last step, CUDA allocated / process RSS (MiB); mean |Δlogp| over steps / its max over every token; "
-    "KL k3; fraction of bit-identical token log-probs; mean completion tokens.", "",
-    "| recipe | steps | process s | step s (rollout + learner) | peak MiB cuda / rss | |Δlogp| mean / max "
-    "| KL k3 | bitwise equal | tokens |",
-    "|---|---|---|---|---|---|---|---|---|",
-    *rows,
-]
-evals = {r: v["eval"] for r, v in report["runs"].items() if v["eval"]}
-if evals:
-    lines += ["", "lm-eval (chat template, 16 rows a task): " + "; ".join(f"{r}: {t}" for r, t in evals.items())]
-(out / "paper_h200.md").write_text("\n".join(lines) + "\n")
+from minite.results import render_record
 (out / "paper_h200.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-print("\n".join(lines))
+text = render_record(report, "paper_h200.json")
+(out / "paper_h200.md").write_text(text)
+print(text)
 PY
 say "total: $((SECONDS - T0)) s"
