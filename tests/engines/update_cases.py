@@ -116,3 +116,44 @@ def rel_l2(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     den = sum(float(b[k].double().square().sum()) for k in b)
     assert den > 0, "the reference is 0: nothing to compare"
     return (num / den) ** 0.5
+
+
+def rank_worker(rank: int, world: int, port: int, out_dir: str, minibatches: int, micro_batch: int) -> None:
+    """One of `world` gloo ranks (torch.multiprocessing.spawn): every RANK_CASES update on this rank's
+    rows; rank 0 writes each case's gradients (one file per optimizer step) and statistics."""
+    import json
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    from minite.distributed.trainer import DistributedTrainer, shard_rows
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        batch, adv, logp_old, logp_ref = synthetic_case(0)
+        rows = shard_rows(ROWS, rank, world)
+        for name, cfg in RANK_CASES.items():
+            tr = DistributedTrainer(fresh_model(), BF16, OPTIM, cfg, seed=0)
+            grads = record_grads(tr)
+            stats = tr.update(
+                batch.select(rows),
+                adv[rows],
+                logp_old[rows],
+                logp_ref=logp_ref[rows],
+                minibatches=minibatches,
+                micro_batch=micro_batch,
+            )
+            if rank == 0:
+                for step, g in enumerate(grads):
+                    save_file(
+                        {k: v.contiguous() for k, v in g.items()},
+                        Path(out_dir) / f"{name}.{step}.safetensors",
+                    )
+                (Path(out_dir) / f"{name}.json").write_text(json.dumps(stats))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
