@@ -29,6 +29,20 @@ sequence-mean-then-mean):
     bitwise_equal_frac          fraction of tokens with lp_t == lp_s exactly (value equality of the
                                 given numbers; +0.0 and -0.0 count as equal).
 
+The gap by response position and length (fixed bins, `GAP_BIN_EDGES`, so the keys are the same every
+step). A token's position is its index among the valid tokens of its row (0 = the first completion
+token); a sequence's length is its number of valid tokens, and every token of it goes to that length's
+bin. For each bin [lo, hi) of the edges 0, 4, 8, 16, 32, 128, 512 (the last bin open):
+
+    gap_by_pos/<lo>_<hi>      mean |d| over the tokens at positions in [lo, hi); 0 when none is there
+    tokens_by_pos/<lo>_<hi>   the fraction of the batch's valid tokens at those positions
+    gap_by_len/<lo>_<hi>      mean |d| over the tokens of sequences whose length is in [lo, hi)
+    tokens_by_len/<lo>_<hi>   the fraction of valid tokens in those sequences
+
+(bins named with zero-padded bounds, e.g. gap_by_pos/004_008, gap_by_len/512_inf). A bin's mean weighted
+by its fraction sums to logp_abs_diff_mean over the bins (up to rounding), and over several steps the
+mean |d| of a bin is sum(gap x tokens) / sum(tokens) (minite.claims_report).
+
 Sequence metrics, over sequences with at least one valid token:
 
     w[b] = exp(sum_i d[b, i])               sequence importance weight pi_trainer(y) / pi_sampler(y)
@@ -62,7 +76,10 @@ import math
 import torch
 
 __all__ = [
+    "GAP_BIN_EDGES",
+    "GAP_BIN_METRIC_NAMES",
     "MISMATCH_METRIC_NAMES",
+    "gap_bin_names",
     "RATIO_QUANTILES",
     "full_vocab_metrics",
     "mismatch_metrics",
@@ -97,6 +114,21 @@ MISMATCH_METRIC_NAMES: tuple[str, ...] = (
     "seq_is_weight_max",
     "seq_ess",
     "bitwise_equal_frac",
+)
+
+
+# lower edges of the position and length bins (tokens); the last bin is open above
+GAP_BIN_EDGES: tuple[int, ...] = (0, 4, 8, 16, 32, 128, 512)
+
+
+def gap_bin_names(edges: tuple[int, ...] = GAP_BIN_EDGES) -> list[str]:
+    """`<lo>_<hi>` of every bin, zero-padded so the names sort as the bins do (the last `<lo>_inf`)."""
+    hi = [*(f"{e:03d}" for e in edges[1:]), "inf"]
+    return [f"{lo:03d}_{h}" for lo, h in zip(edges, hi, strict=True)]
+
+
+GAP_BIN_METRIC_NAMES: tuple[str, ...] = tuple(
+    f"{kind}_by_{axis}/{b}" for axis in ("pos", "len") for kind in ("gap", "tokens") for b in gap_bin_names()
 )
 
 
@@ -168,7 +200,8 @@ def mismatch_metrics(
         mask: (B, T) bool or 0/1, true at valid completion tokens.
 
     Returns:
-        dict with exactly the keys of ``MISMATCH_METRIC_NAMES`` (see the module docstring).
+        dict with exactly the keys of ``MISMATCH_METRIC_NAMES`` and then ``GAP_BIN_METRIC_NAMES`` (see
+        the module docstring).
     """
     lp_t = _as_tensor(lp_trainer, "lp_trainer")
     lp_s = _as_tensor(lp_sampler, "lp_sampler")
@@ -233,7 +266,29 @@ def mismatch_metrics(
             equal.mean(),
         ]
     )
-    return dict(zip(MISMATCH_METRIC_NAMES, values.tolist(), strict=True))
+    out = dict(zip(MISMATCH_METRIC_NAMES, values.tolist(), strict=True))
+    out.update(_gap_bins(d_full.abs(), valid, n_tok))
+    return out
+
+
+def _gap_bins(absd_full: torch.Tensor, valid: torch.Tensor, n_tok: int) -> dict[str, float]:
+    """The gap by response position and by sequence length (module docstring), from |d| at every
+    position (0 where masked) and the mask."""
+    bounds = torch.tensor(GAP_BIN_EDGES[1:], dtype=torch.long, device=valid.device)
+    pos = valid.long().cumsum(dim=1) - 1  # index among the row's valid tokens
+    length = valid.long().sum(dim=1, keepdim=True).expand_as(pos)
+    absd = absd_full[valid]
+    names = gap_bin_names()
+    out: dict[str, float] = {}
+    for axis, x in (("pos", pos[valid]), ("len", length[valid])):
+        b = torch.bucketize(x, bounds, right=True)  # bin i holds edges[i] <= x < edges[i + 1]
+        sums = torch.zeros(len(names), dtype=torch.float64, device=absd.device).index_add_(0, b, absd)
+        counts = torch.bincount(b, minlength=len(names)).to(torch.float64)
+        means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+        for name, m, c in zip(names, means.tolist(), (counts / n_tok).tolist(), strict=True):
+            out[f"gap_by_{axis}/{name}"] = m
+            out[f"tokens_by_{axis}/{name}"] = c
+    return {k: out[k] for k in GAP_BIN_METRIC_NAMES}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ whose records mix CPU and GPU runs.
 
 Size. Per-step columns keep full precision for the keys the claims read (`CLAIMS_KEYS`) and 6
 significant digits elsewhere (0 stays 0, a positive gap stays positive); if the record is still over the
-budget, columns go one by one in `DROP_ORDER` (timings first) and are listed under `dropped_columns`.
+budget, columns go one by one in `DROP_ORDER` (timings first) and are listed under `dropped_columns`,
+never the claims' keys nor the gap by position and length (`BINNED_PREFIXES`).
 
 Layout: results/ledger/<profile>/<arm>/seed<S>.json (`minite ledger add <run_dir>... --into
 results/ledger`); the RL loop writes <out_dir>/ledger.json at the end of every run
@@ -61,7 +62,8 @@ CLAIMS_KEYS = (
     "mismatch/kl_k3",
     "skipped",
 )
-CLAIMS_PREFIXES = ("mismatch/gap_by_pos/", "mismatch/gap_by_len/")
+# the gap by response position and length (minite.diagnostics.metrics): rounded, never dropped
+BINNED_PREFIXES = ("mismatch/gap_by_", "mismatch/tokens_by_")
 # columns dropped, in this order, when a record is over MAX_RECORD_BYTES
 DROP_ORDER = ("time/", "rollout/", "train/", "reward/", "mismatch/ratio_", "mismatch/seq_", "mismatch/")
 
@@ -153,7 +155,11 @@ def _short(v: Any) -> Any:
 
 
 def _keep_full(key: str) -> bool:
-    return key in CLAIMS_KEYS or key.startswith(CLAIMS_PREFIXES)
+    return key in CLAIMS_KEYS
+
+
+def _kept(key: str) -> bool:
+    return key in CLAIMS_KEYS or key.startswith(BINNED_PREFIXES)
 
 
 def columns(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -286,7 +292,7 @@ def _fit(record: dict[str, Any]) -> None:
     """Drop whole non-claims columns (DROP_ORDER) until the record fits MAX_RECORD_BYTES."""
     cols = record["metrics"]["columns"]
     dropped: list[str] = []
-    order = [k for prefix in DROP_ORDER for k in sorted(cols) if k.startswith(prefix) and not _keep_full(k)]
+    order = [k for prefix in DROP_ORDER for k in sorted(cols) if k.startswith(prefix) and not _kept(k)]
     for k in dict.fromkeys(order):  # a key matched by two prefixes is dropped once
         if record_bytes(record) <= MAX_RECORD_BYTES:
             break

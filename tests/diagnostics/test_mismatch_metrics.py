@@ -11,8 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minite.diagnostics.metrics import (
+    GAP_BIN_EDGES,
+    GAP_BIN_METRIC_NAMES,
     MISMATCH_METRIC_NAMES,
     full_vocab_metrics,
+    gap_bin_names,
     mismatch_metrics,
     routing_topk_agreement,
 )
@@ -50,7 +53,7 @@ def test_names_follow_design():
     out = mismatch_metrics(
         torch.full((1, 1), -1.0), torch.full((1, 1), -1.0), torch.ones(1, 1, dtype=torch.bool)
     )
-    assert set(out) == expected
+    assert list(out) == [*MISMATCH_METRIC_NAMES, *GAP_BIN_METRIC_NAMES]
     assert all(type(v) is float for v in out.values())
 
 
@@ -134,7 +137,7 @@ def test_hand_computed_values():
     lp_t, lp_s, mask = _hand_case()
     out = mismatch_metrics(lp_t, lp_s, mask)
     expected = _hand_expected()
-    assert set(out) == set(expected)
+    assert set(out) == set(expected) | set(GAP_BIN_METRIC_NAMES)
     for k, v in expected.items():
         assert out[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
     assert out["seq_ess"] == pytest.approx(math.cosh(0.5) ** 2 / math.cosh(1.0), rel=1e-12)
@@ -232,6 +235,18 @@ def _numpy_oracle(t: np.ndarray, s: np.ndarray, m: np.ndarray) -> dict[str, floa
     }
     for name, q in (("p01", 0.01), ("p05", 0.05), ("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
         out[f"ratio_{name}"] = np.quantile(r, q, method="linear")
+    # the gap by position / length, token by token in plain Python over the bin edges
+    edges = [*GAP_BIN_EDGES, math.inf]
+    names = gap_bin_names()
+    toks = []  # (position, length, |d|)
+    for i in range(m.shape[0]):
+        cols = [j for j in range(m.shape[1]) if m[i, j]]
+        toks += [(p, len(cols), abs(float(t[i, j]) - float(s[i, j]))) for p, j in enumerate(cols)]
+    for axis, at in (("pos", 0), ("len", 1)):
+        for k, name in enumerate(names):
+            inside = [x[2] for x in toks if edges[k] <= x[at] < edges[k + 1]]
+            out[f"gap_by_{axis}/{name}"] = sum(inside) / len(inside) if inside else 0.0
+            out[f"tokens_by_{axis}/{name}"] = len(inside) / len(toks)
     return {k: float(v) for k, v in out.items()}
 
 
@@ -379,3 +394,69 @@ def test_full_vocab_errors():
         full_vocab_metrics(lt, lt, torch.ones(1, 2, dtype=torch.bool), top_k=9)
     with pytest.raises(ValueError, match="shape"):
         full_vocab_metrics(lt, lt[..., :3], torch.ones(1, 2, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------------------------------
+# the gap by response position and length
+
+
+def test_gap_bin_names_are_fixed():
+    assert GAP_BIN_EDGES == (0, 4, 8, 16, 32, 128, 512)
+    assert gap_bin_names() == ["000_004", "004_008", "008_016", "016_032", "032_128", "128_512", "512_inf"]
+    assert len(GAP_BIN_METRIC_NAMES) == 4 * 7 and GAP_BIN_METRIC_NAMES[0] == "gap_by_pos/000_004"
+    assert GAP_BIN_METRIC_NAMES[-1] == "tokens_by_len/512_inf"
+
+
+def test_gap_bins_by_hand():
+    """Row 0: 6 valid tokens with |d| = 0.1 .. 0.6 (a padded column in the middle: positions count
+    valid tokens only); row 1: 2 valid tokens with |d| = 1.0, 3.0."""
+    lp_s = torch.zeros(2, 8, dtype=torch.float64)
+    lp_t = torch.zeros(2, 8, dtype=torch.float64)
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    cols = [0, 1, 2, 4, 5, 6]
+    for j, c in enumerate(cols):
+        lp_t[0, c], mask[0, c] = -(j + 1) / 10, True
+    lp_t[0, 3] = 99.0  # padding: ignored
+    lp_t[1, 0], lp_t[1, 1], mask[1, :2] = 1.0, -3.0, True
+    out = mismatch_metrics(lp_t, lp_s, mask)
+    # positions 0-3: row 0's 0.1..0.4 and row 1's 1.0, 3.0; positions 4-7: row 0's 0.5, 0.6
+    assert out["gap_by_pos/000_004"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.4 + 1.0 + 3.0) / 6, rel=1e-15)
+    assert out["gap_by_pos/004_008"] == pytest.approx((0.5 + 0.6) / 2, rel=1e-15)
+    assert out["tokens_by_pos/000_004"] == 6 / 8 and out["tokens_by_pos/004_008"] == 2 / 8
+    # lengths: row 0 has 6 tokens (bin 4-8), row 1 has 2 (bin 0-4)
+    assert out["gap_by_len/004_008"] == pytest.approx(2.1 / 6, rel=1e-15)
+    assert out["gap_by_len/000_004"] == pytest.approx(2.0, rel=1e-15)
+    assert out["tokens_by_len/004_008"] == 6 / 8 and out["tokens_by_len/000_004"] == 2 / 8
+    for b in gap_bin_names()[2:]:  # empty bins: 0 gap, 0 tokens
+        for k in ("gap_by_pos", "tokens_by_pos", "gap_by_len", "tokens_by_len"):
+            assert out[f"{k}/{b}"] == 0.0
+
+
+def test_gap_bins_at_the_edges_and_their_sums():
+    g = torch.Generator().manual_seed(3)
+    lengths = [3, 4, 16, 31, 32, 600]
+    t = -torch.rand(len(lengths), 600, generator=g, dtype=torch.float64)
+    s = t + torch.randn(len(lengths), 600, generator=g, dtype=torch.float64) * 0.1
+    mask = torch.zeros(len(lengths), 600, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = True
+    out = mismatch_metrics(t, s, mask)
+    n_tok = sum(lengths)
+    assert out["tokens_by_len/000_004"] == 3 / n_tok and out["tokens_by_len/004_008"] == 4 / n_tok
+    assert out["tokens_by_len/016_032"] == (16 + 31) / n_tok and out["tokens_by_len/032_128"] == 32 / n_tok
+    assert out["tokens_by_len/512_inf"] == 600 / n_tok and out["tokens_by_len/128_512"] == 0.0
+    # position 512 onward exists only in the 600-token row
+    assert out["tokens_by_pos/512_inf"] == (600 - 512) / n_tok
+    d = (t - s).abs()
+    assert out["gap_by_pos/512_inf"] == pytest.approx(float(d[5, 512:600].mean()), rel=1e-12)
+    for axis in ("pos", "len"):
+        total = sum(out[f"tokens_by_{axis}/{b}"] for b in gap_bin_names())
+        weighted = sum(out[f"gap_by_{axis}/{b}"] * out[f"tokens_by_{axis}/{b}"] for b in gap_bin_names())
+        assert total == pytest.approx(1.0, rel=1e-12)
+        assert weighted == pytest.approx(out["logp_abs_diff_mean"], rel=1e-12)
+
+
+def test_gap_bins_are_zero_when_the_engines_agree():
+    lp = -torch.rand(3, 40, dtype=torch.float64)
+    out = mismatch_metrics(lp, lp.clone(), torch.ones(3, 40, dtype=torch.bool))
+    assert all(out[k] == 0.0 for k in GAP_BIN_METRIC_NAMES if k.startswith("gap_by_"))

@@ -133,7 +133,9 @@ def test_a_long_run_fits_the_budget(results, tmp_path):
     d = tmp_path / "results" / "unit" / "rl" / "minite" / "seed0"
     shutil.copytree(src, d, ignore=shutil.ignore_patterns("checkpoint"))
     row = _rows(src)[0]
-    row.update({f"mismatch/gap_by_pos/{i}": 0.0 for i in range(8)})
+    from minite.diagnostics.metrics import GAP_BIN_METRIC_NAMES
+
+    row.update({f"mismatch/{k}": 0.0 for k in GAP_BIN_METRIC_NAMES})
     rng = random.Random(0)
     lines = []
     for s in range(500):
@@ -143,7 +145,7 @@ def test_a_long_run_fits_the_budget(results, tmp_path):
     assert L.record_bytes(rec) <= L.MAX_RECORD_BYTES
     dropped = rec["metrics"]["dropped_columns"]
     assert dropped[0].startswith("time/") and not set(dropped) & set(L.CLAIMS_KEYS)
-    assert "mismatch/gap_by_pos/0" in rec["metrics"]["columns"]
+    assert all(f"mismatch/{k}" in rec["metrics"]["columns"] for k in GAP_BIN_METRIC_NAMES)
     assert rec["metrics"]["columns"]["reward_mean"] == [json.loads(ln)["reward_mean"] for ln in lines]
 
 
