@@ -12,7 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minite.configuration import ConfigError, from_dict
-from minite.rl.grpo import GRPOConfig, group_advantages, grpo_loss, loss_mask, zero_variance_groups
+from minite.rl.grpo import (
+    KL_LOSS_TYPES,
+    LOSS_AGG_MODES,
+    GRPOConfig,
+    LossStats,
+    group_advantages,
+    grpo_loss,
+    grpo_loss_sums,
+    kl_estimate,
+    loss_denominator,
+    loss_mask,
+    zero_variance_groups,
+)
 
 F64 = torch.float64
 LN = math.log
@@ -282,6 +294,192 @@ def test_kl_penalty_hand_value():
         grpo_loss(logp_new, logp_old, adv, mask, cfg)
 
 
+@pytest.mark.parametrize("name", KL_LOSS_TYPES)
+def test_kl_estimators_against_float64_hand_formulas(name):
+    """verl's kl_penalty, per token, d = logp - logp_ref: k1 d, abs |d|, k2 d^2 / 2, k3 e^-d + d - 1
+    (-d clamped to [-20, 20], the value to [-10, 10]); values and gradients w.r.t. logp."""
+    ds = [-30.0, -3.0, -0.5, -1e-3, 0.0, 2e-3, 0.7, 2.5, 25.0]
+    logp_ref = torch.tensor([-1.3] * len(ds), dtype=F64)
+    logp = (logp_ref + torch.tensor(ds, dtype=F64)).requires_grad_(True)
+    est = kl_estimate(logp, logp_ref, name)
+    (grad,) = torch.autograd.grad(est.sum(), logp)
+    for d, v, g in zip(ds, est.tolist(), grad.tolist(), strict=True):
+        if name in ("kl", "k1"):
+            want, dwant = d, 1.0
+        elif name == "abs":
+            want, dwant = abs(d), math.copysign(1.0, d) if d else 0.0
+        elif name in ("mse", "k2"):
+            want, dwant = d * d / 2, d
+        else:
+            nd = min(max(-d, -20.0), 20.0)
+            raw = math.expm1(nd) - nd
+            want = min(max(raw, -10.0), 10.0)
+            # through the clamps: zero gradient where either one bites
+            dwant = 1.0 - math.exp(nd) if (abs(d) < 20 and raw < 10) else 0.0
+        assert v == pytest.approx(want, rel=1e-12, abs=1e-15), (name, d)
+        assert g == pytest.approx(dwant, rel=1e-12, abs=1e-15), (name, d)
+    assert KL_LOSS_TYPES == ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+    with pytest.raises(ValueError, match="kl_loss_type must be one of"):
+        kl_estimate(logp, logp_ref, "k4")
+
+
+@pytest.mark.parametrize("name", KL_LOSS_TYPES)
+def test_kl_loss_and_kl_ref_stat(name):
+    """kl_loss aggregates the estimator like the policy loss (here seq-mean-token-mean over the kept
+    tokens); kl_ref is its token mean over every valid token, also without kl_coef."""
+    logp_new, logp_old, logp_s, adv, mask = _rc_case()
+    logp_ref = logp_old - torch.tensor(
+        [[0.3, -0.2, 0.1, 9.0], [0.5, 1.5, 7.0, 7.0], [-0.4, 0.0, 0.2, 0.6]], dtype=F64
+    )
+    est = kl_estimate(logp_old, logp_ref, name)  # logp_new == logp_old here
+    m = mask.to(F64)
+    kl_ref = float((est * m).sum() / m.sum())
+    cfg = GRPOConfig(loss_agg="seq-mean-token-mean", mis=True, kl_coef=0.5, kl_loss_type=name)
+    loss, stats = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s, logp_ref=logp_ref)
+    # MIS keeps sequences 0 and 2 (see _rc_case)
+    kl_loss = float(((est[0] * m[0]).sum() / 3 + (est[2] * m[2]).sum() / 4) / 2)
+    assert stats["kl_loss"] == pytest.approx(kl_loss, rel=1e-12)
+    assert stats["kl_ref"] == pytest.approx(kl_ref, rel=1e-12)
+    assert stats["loss"] == pytest.approx(stats["pg_loss"] + 0.5 * kl_loss, rel=1e-12)
+    # without kl_coef the stat is still reported, the loss is the policy loss alone
+    loss0, stats0 = grpo_loss(
+        logp_new, logp_old, adv, mask, dataclasses.replace(cfg, kl_coef=0.0), logp_s, logp_ref=logp_ref
+    )
+    assert stats0["kl_ref"] == stats["kl_ref"] and loss0.item() == stats["pg_loss"]
+    # and without logp_ref both are 0
+    _, stats_none = grpo_loss(logp_new, logp_old, adv, mask, dataclasses.replace(cfg, kl_coef=0.0), logp_s)
+    assert stats_none["kl_ref"] == 0.0 and stats_none["kl_loss"] == 0.0
+
+
+def test_aggregation_modes_hand_values():
+    """On policy (rho = 1, no clipping) each token's loss is -A_b; lengths 3, 1, 2, advantages 1, -2, 0.5:
+    token sums -3, 2, -1 over 6 tokens."""
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    lp = -torch.rand(3, 4, generator=torch.Generator().manual_seed(1), dtype=F64)
+    want = {
+        "token-mean": (-3 + 2 - 1) / 6,
+        "seq-mean-token-mean": (-1 + 2 - 0.5) / 3,
+        "seq-mean-token-sum": (-3 + 2 - 1) / 3,
+        "seq-mean-token-sum-norm": (-3 + 2 - 1) / (3 * 8),
+    }
+    grad_row0 = {  # d loss / d logp_new at a token of sequence 0: -A_0 / D (per token share for seq-mean)
+        "token-mean": -1 / 6,
+        "seq-mean-token-mean": -1 / 9,
+        "seq-mean-token-sum": -1 / 3,
+        "seq-mean-token-sum-norm": -1 / 24,
+    }
+    dens = {
+        "token-mean": 6.0,
+        "seq-mean-token-mean": 3.0,
+        "seq-mean-token-sum": 3.0,
+        "seq-mean-token-sum-norm": 24.0,
+    }
+    for agg in LOSS_AGG_MODES:
+        cfg = GRPOConfig(loss_agg=agg, loss_scale_factor=8.0)
+        new = lp.clone().requires_grad_(True)
+        loss, _ = grpo_loss(new, lp, adv, mask, cfg)
+        assert loss.item() == pytest.approx(want[agg], rel=1e-12), agg
+        loss.backward()
+        assert new.grad[0, :3].tolist() == pytest.approx([grad_row0[agg]] * 3, rel=1e-12), agg
+        assert float(loss_denominator(mask, cfg)) == dens[agg]
+
+
+def test_seq_mean_token_sum_norm_needs_its_constant():
+    cfg = GRPOConfig(loss_agg="seq-mean-token-sum-norm")  # constructible: the RL config fills it in
+    logp_new, logp_old, adv, mask = _clip_case()
+    with pytest.raises(ValueError, match="loss_scale_factor is unset.*max_new_tokens"):
+        grpo_loss(logp_new, logp_old, adv, mask, cfg)
+    with pytest.raises(ValueError, match="loss_scale_factor is unset"):
+        loss_denominator(mask, cfg)
+    # the other modes ignore it
+    a, _ = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig(loss_scale_factor=3.0))
+    b, _ = grpo_loss(logp_new, logp_old, adv, mask, GRPOConfig())
+    assert a.item() == b.item()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    agg=st.sampled_from(LOSS_AGG_MODES),
+    corr=st.sampled_from(["none", "tis", "mis", "geo", "mis+geo", "geo+tis"]),
+    kl=st.sampled_from(KL_LOSS_TYPES),
+    cuts=st.lists(st.integers(0, 1), min_size=5, max_size=5),
+)
+def test_parts_with_the_global_denominator_add_up_to_the_whole(seed, agg, corr, kl, cuts):
+    """Rows cut anywhere (cuts[i] = 1: a new part starts after row i), each part's loss with the whole
+    batch's denominator: the parts' losses, gradients and merged statistics are the whole batch's."""
+    g = torch.Generator().manual_seed(seed)
+    b, t = 6, 5
+    logp_old = -torch.rand(b, t, generator=g, dtype=F64) * 4
+    logp_new = (logp_old + 0.4 * torch.randn(b, t, generator=g, dtype=F64)).requires_grad_(True)
+    logp_s = logp_old + 0.3 * torch.randn(b, t, generator=g, dtype=F64)
+    logp_ref = logp_old + 0.5 * torch.randn(b, t, generator=g, dtype=F64)
+    adv = torch.randn(b, generator=g, dtype=F64)
+    mask = torch.rand(b, t, generator=g) > 0.3
+    mask[0, 0] = True
+    cfg = GRPOConfig(
+        loss_agg=agg,
+        loss_scale_factor=4.0,
+        kl_coef=0.3,
+        kl_loss_type=kl,
+        tis="tis" in corr,
+        mis="mis" in corr,
+        geo_rs="geo" in corr,
+        geo_rs_lower=0.8,
+        geo_rs_upper=1.25,
+    )
+    kw = dict(logp_sampler=logp_s, logp_ref=logp_ref)
+    whole, whole_stats = grpo_loss(logp_new, logp_old, adv, mask, cfg, **kw)
+    (whole_grad,) = torch.autograd.grad(whole, logp_new)
+
+    den = loss_denominator(loss_mask(logp_old, logp_s, mask, cfg), cfg)
+    bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [b]
+    total = torch.zeros((), dtype=F64)
+    merged = LossStats()
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        r = slice(lo, hi)
+        sub_kw = dict(logp_sampler=logp_s[r], logp_ref=logp_ref[r])
+        part, stats = grpo_loss_sums(
+            logp_new[r], logp_old[r], adv[r], mask[r], cfg, **sub_kw, denominator=den
+        )
+        total = total + part
+        merged.add(stats)
+    (grad,) = torch.autograd.grad(total, logp_new)
+    assert total.item() == pytest.approx(whole.item(), rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(grad, whole_grad, rtol=1e-12, atol=1e-14)
+    assert merged.means() == pytest.approx(whole_stats, rel=1e-12, abs=1e-14)
+
+
+def test_loss_stats_merge_and_vectors_round_trip():
+    a = LossStats(
+        token={"x": 3.0},
+        seq={"f": 1.0},
+        total={"loss": 0.5},
+        max={"m": 2.0},
+        min={"n": 0.5},
+        n_tokens=3,
+        n_seqs=2,
+    )
+    b = LossStats(
+        token={"x": 1.0},
+        seq={"f": 0.0},
+        total={"loss": -0.25},
+        max={"m": 5.0},
+        min={"n": 0.7},
+        n_tokens=5,
+        n_seqs=1,
+    )
+    merged = LossStats().add(a).add(b)
+    assert merged.means() == {"loss": 0.25, "x": 0.5, "f": 1 / 3, "m": 5.0, "n": 0.5}
+    assert merged.means(minibatches=2)["loss"] == 0.125
+    keys, sums, maxes, mins = merged.vectors()
+    assert LossStats.from_vectors(keys, sums, maxes, mins) == merged
+    # nothing seen: means 0, extremes 1 (a ratio's neutral value)
+    empty = LossStats(token={"x": 0.0}, max={"m": -math.inf}, min={"n": math.inf})
+    assert empty.means() == {"x": 0.0, "m": 1.0, "n": 1.0}
+
+
 # --------------------------------------------------------------------------------------------------
 # errors
 
@@ -318,7 +516,7 @@ def test_loss_errors():
     b=st.integers(1, 4),
     t=st.integers(1, 6),
     seed=st.integers(0, 2**31 - 1),
-    agg=st.sampled_from(["token-mean", "seq-mean-token-mean"]),
+    agg=st.sampled_from(LOSS_AGG_MODES),
     corr=st.sampled_from(["none", "tis", "mis", "geo", "mis+geo", "geo+tis"]),
 )
 def test_matches_reference_formula(b, t, seed, agg, corr):
@@ -330,7 +528,9 @@ def test_matches_reference_formula(b, t, seed, agg, corr):
     mask = torch.rand(b, t, generator=g) > 0.3
     mask[0, 0] = True
     tis, mis, geo = "tis" in corr, "mis" in corr, "geo" in corr
-    cfg = GRPOConfig(loss_agg=agg, tis=tis, mis=mis, geo_rs=geo, geo_rs_lower=0.7, geo_rs_upper=1.4)
+    cfg = GRPOConfig(
+        loss_agg=agg, loss_scale_factor=5.0, tis=tis, mis=mis, geo_rs=geo, geo_rs_lower=0.7, geo_rs_upper=1.4
+    )
     loss, _ = grpo_loss(logp_new, logp_old, adv, mask, cfg, logp_s)
     (grad,) = torch.autograd.grad(loss, logp_new)
 
@@ -355,10 +555,15 @@ def test_matches_reference_formula(b, t, seed, agg, corr):
         ref = (new_ref * 0).sum()
     elif agg == "token-mean":
         ref = (pg * m).sum() / m.sum()
-    else:
+    else:  # verl's agg_loss over the sequences with a kept token; Dr. GRPO divides by 5 too
         n_b = m.sum(1)
         keep = n_b > 0
-        ref = ((pg * m).sum(1)[keep] / n_b[keep]).mean()
+        per_seq = (pg * m).sum(1)[keep]
+        ref = {
+            "seq-mean-token-mean": (per_seq / n_b[keep]).mean(),
+            "seq-mean-token-sum": per_seq.mean(),
+            "seq-mean-token-sum-norm": per_seq.mean() / 5.0,
+        }[agg]
     (ref_grad,) = torch.autograd.grad(ref, new_ref)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-12, abs=1e-14)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-14)
