@@ -361,7 +361,9 @@ def markdown(report: dict[str, Any]) -> str:
         cols = []
         for base in ("bf16", "te_nvfp4"):
             one = 1.0 if name == base else None
-            cols.append(f"{_x(rat.get(f'{name}/{base}', one))} ({_x(best.get(f'{name}/{base}', one))})")
+            median = rat.get(f"{name}/{base}", one)
+            # a baseline this process did not measure gives an empty cell, never a ratio from elsewhere
+            cols.append("" if median is None else f"{_x(median)} ({_x(best.get(f'{name}/{base}', one))})")
         lines.append(
             f"| {name} | {r['trainer_gemm']} | {r['trainer_attention']} | {r['seconds']:.3f} "
             f"({r['best_seconds']:.3f}) | {r['tokens_per_s']:,.0f} ({r['best_tokens_per_s']:,.0f}) | "
