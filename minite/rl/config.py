@@ -186,6 +186,12 @@ class TrainConfig:
                 f"{self.grpo.group_size}), so some optimizer steps would see no data; set minibatches "
                 f"<= {rows}"
             )
+        if self.grpo.loss_agg == "seq-mean-token-sum-norm" and self.grpo.loss_scale_factor is None:
+            from dataclasses import replace  # local: one self-contained edit of this method
+
+            # Dr. GRPO's constant normalizer: the generation budget, known here and not to GRPOConfig
+            lsf = float(self.rollout.max_new_tokens)
+            object.__setattr__(self, "grpo", replace(self.grpo, loss_scale_factor=lsf))
 
 
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
