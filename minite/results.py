@@ -6,7 +6,8 @@ or, for a report written around numbers read
 from logs and other files, a *document* record (`<name>.record.json`) that holds those numbers as
 tables and the words around them as `notes`, with `source` naming the committed log or JSON each
 number was read from. Hand-written remarks on a measured record go into its `notes` field (a string
-or a list of paragraphs) and are rendered under "Notes" after the generated report.
+or a list of paragraphs) and are rendered under "Notes" after the generated report; a `summary` that
+must be read first (a correction of a generated figure) goes under the title.
 
     record  X.record.json if it exists, else X.json  ->  kind_of(record)  ->  render()  ->  X.md
 
@@ -267,6 +268,11 @@ def render_record(record: dict[str, Any], record_name: str) -> str:
     """A record's Markdown as published beside it (`record_name`: the record's file name)."""
     kind = kind_of(record)
     text = RENDERERS[kind](record)
+    summary = record.get("summary")
+    if summary and kind not in ("claims", "document"):
+        # a hand summary that must be read before the generated tables goes right under the title
+        title, _, rest = text.partition("\n\n")
+        text = f"{title}\n\n{summary.rstrip(chr(10))}\n\n{rest}"
     # kernel reports render their own (generated) notes list; a document's words are its blocks
     if kind not in ("kernels", "document"):
         text += _notes(record.get("notes"))
