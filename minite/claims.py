@@ -621,6 +621,34 @@ def dose_response(
     }
 
 
+def gap_by_length(by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per arm and axis ("pos": token position in the completion, "len": completion length), per bin:
+    the mean over seeds of each seed's token-weighted mean |Δlogp| (minite.claims_seeds.gap_bins), the
+    bin's mean share of tokens, and how many seeds had a token there. Arms run without the bins are
+    left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm, rows in by_arm.items():
+        per_axis: dict[str, Any] = {}
+        for axis in ("pos", "len"):
+            per = [(r.get("gap_bins") or {}).get(axis) for r in rows]
+            per = [p for p in per if p]
+            if not per:
+                continue
+            names = sorted({b for p in per for b in p["gap"]})
+            cells = {}
+            for b in names:
+                gaps = [p["gap"][b] for p in per if p["gap"].get(b) is not None]
+                cells[b] = {
+                    "gap": sum(gaps) / len(gaps) if gaps else None,
+                    "tokens": sum(p["tokens"].get(b, 0.0) for p in per) / len(per),
+                    "n": len(gaps),
+                }
+            per_axis[axis] = cells
+        if per_axis:
+            out[arm] = per_axis
+    return out
+
+
 def learning(arms: dict[str, dict], names: Sequence[str]) -> list[dict[str, Any]]:
     """Rollout reward first -> last window per arm, with the interval of the gain."""
     return [
@@ -679,6 +707,7 @@ def evaluate(
         "claims": claims,
         "dose_response": dose_response(arms, seeds, roles, level),
         "learning": learning(arms, main + list(roles.get("corrections", []))),
+        "gap_by_length": gap_by_length(by_arm),
         "seeds": [
             {k: _clean(v) if isinstance(v, float) else v for k, v in r.items() if not k.startswith("_")}
             for r in seeds

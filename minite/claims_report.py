@@ -83,6 +83,31 @@ def provenance_table(result: dict[str, Any]) -> str:
     return head + body
 
 
+def gap_length_tables(result: dict[str, Any]) -> str:
+    """Mean |Δlogp| per bin of token position and of completion length, per arm (share of tokens in
+    parentheses); bins no arm has a token in are left out."""
+    from minite.figures.claims import bin_label
+
+    gl = result.get("gap_by_length") or {}
+    parts = []
+    for axis, what in (("pos", "token position in the completion"), ("len", "completion length (tokens)")):
+        arms = [a for a in gl if gl[a].get(axis)]
+        names = sorted({b for a in arms for b, c in gl[a][axis].items() if c["tokens"] > 0})
+        if not names:
+            continue
+        parts.append(f"By {what}:\n\n| arm | " + " | ".join(bin_label(b) for b in names) + " |\n")
+        parts.append("|---|" + "---:|" * len(names) + "\n")
+        for a in arms:
+            cells = []
+            for b in names:
+                c = gl[a][axis].get(b)
+                g = None if c is None else c["gap"]
+                cells.append("—" if g is None else f"{g:.2e} ({c['tokens']:.0%})")
+            parts.append(f"| {a} | " + " | ".join(cells) + " |\n")
+        parts.append("\n")
+    return "".join(parts)
+
+
 def dose_lines(result: dict[str, Any]) -> list[str]:
     dr = result.get("dose_response") or {}
     thr = dr.get("threshold")
@@ -136,6 +161,13 @@ def claims_markdown(
         parts.append(f"{heading}# Dose-response: quality against the measured gap\n\n")
         parts.extend(f"- {x}\n" for x in dl)
         parts.append("\n")
+    glt = gap_length_tables(result)
+    if glt:
+        parts.append(
+            f"{heading}# The gap by response position and length\n\nMean |Δlogp| of the sampled tokens (mean "
+            "over seeds of each seed's token-weighted mean over RL steps), the share of tokens in the bin in "
+            "parentheses (minite/diagnostics/metrics.py: fixed bins).\n\n" + glt
+        )
     captions = {
         "claims_curves": "Rollout reward and in-loop greedy accuracy per RL step: mean over seeds, band the "
         "95 % t interval.",
@@ -144,6 +176,8 @@ def claims_markdown(
         "claims_dose": "Greedy accuracy at the arm's last step and reward gain against the measured "
         "trainer/sampler gap of every dose-response arm (aligned recipe + one naive component, all of them, "
         "or + logit noise), each against the aligned recipe at the same step; degraded arms outlined.",
+        "claims_gap_length": "Mean |Δlogp| of the sampled tokens by token position in the completion and "
+        "by completion length, per arm (symlog scale: an exact 0 lies on the axis).",
     }
     for name, cap in captions.items():
         if name in figures:

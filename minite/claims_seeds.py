@@ -10,6 +10,7 @@ Per-seed numbers (`seed_metrics`), from an arm's RL folder and its lm-eval JSON:
   gap, kl_k3    mean over steps of mismatch/logp_abs_diff_mean and mismatch/kl_k3
   zero_gap      True when every step's gap is exactly 0 (bit-identical log-probs)
   nonfinite     steps skipped or stopped for non-finite values (events.jsonl, metrics.jsonl)
+  gap_bins      the gap by response position and completion length over the steps (`gap_bins`)
 
 The same numbers come from a results-ledger record (minite.rl.ledger: `seed_metrics_from_record`,
 `ledger_seeds`), which keeps what these files hold, so seeds run on other days and machines pool.
@@ -171,12 +172,38 @@ def _seed_row(
         "logit_noise": float((cfg.get("sampler") or {}).get("logit_noise", 0.0) or 0.0),
         "corrections": [k for k in CORRECTION_KEYS if grpo.get(k)],
         "same_weights_and_formats": same_weights_and_formats(recipe),
+        "gap_bins": gap_bins(recs),
         "rl_dir": rl_dir,
         "eval_file": eval_file,
         # the curves, for comparisons at a matched step (dose arms with a shorter horizon); not in JSON
         "_rewards": [r["reward_mean"] for r in recs],
         "_evals": {int(r["step"]): r["eval/accuracy"] for r in recs if "eval/accuracy" in r},
     }
+
+
+def gap_bins(recs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The gap by response position and completion length over a run's steps (minite.diagnostics.metrics
+    logs mismatch/gap_by_<axis>/<bin> and mismatch/tokens_by_<axis>/<bin> every step): per bin, the
+    token-weighted mean |Δlogp| over steps, sum(gap x tokens) / sum(tokens) (None where no step had a
+    token there), and the bin's mean share of a step's tokens. {} for runs logged without the bins."""
+    out: dict[str, dict[str, Any]] = {}
+    for axis in ("pos", "len"):
+        head = f"mismatch/gap_by_{axis}/"
+        names = sorted({k[len(head) :] for r in recs for k in r if k.startswith(head)})
+        if not names:
+            continue
+        gap, share = {}, {}
+        for b in names:
+            pairs = [
+                (r[head + b], r[f"mismatch/tokens_by_{axis}/{b}"])
+                for r in recs
+                if head + b in r and f"mismatch/tokens_by_{axis}/{b}" in r
+            ]
+            tokens = sum(t for _, t in pairs)
+            gap[b] = sum(g * t for g, t in pairs) / tokens if tokens > 0 else None
+            share[b] = tokens / len(pairs) if pairs else 0.0
+        out[axis] = {"gap": gap, "tokens": share}
+    return out
 
 
 def at_step(row: dict[str, Any], steps: int, window: int, eval_before: int | None = None) -> dict[str, float]:

@@ -40,6 +40,7 @@ def write_run(
     grpo=None,
     noise=0.0,
     task="tiny_scratchpad",
+    extra=None,
 ):
     rdir = root / "runs" / run
     rdir.mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,7 @@ def write_run(
         rec = {"step": i, "reward_mean": r, "mismatch/logp_abs_diff_mean": g, "mismatch/kl_k3": g / 10}
         if evals and i in evals:
             rec["eval/accuracy"] = evals[i]
+        rec.update((extra or {}).get(i, {}))
         lines.append(json.dumps(rec))
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     ev = root / "eval" / run / f"seed{seed}.json"
@@ -92,6 +94,28 @@ def test_same_weights_and_formats():
     other["sampler"]["fprop_act"]["scope"] = "tensor"
     assert not C.same_weights_and_formats(other)
     assert not C.same_weights_and_formats({"trainer": {}, "sampler": {}})  # bf16
+
+
+def test_gap_by_length_over_steps_and_seeds(tmp_path):
+    """Per seed: sum(gap x tokens) / sum(tokens) over steps; per arm: the mean over seeds."""
+    steps = {
+        0: {"mismatch/gap_by_pos/000_004": 0.2, "mismatch/tokens_by_pos/000_004": 0.25},
+        1: {"mismatch/gap_by_pos/000_004": 0.4, "mismatch/tokens_by_pos/000_004": 0.75},
+    }
+    for i in (0, 1):  # an empty bin on both steps
+        steps[i].update({"mismatch/gap_by_pos/512_inf": 0.0, "mismatch/tokens_by_pos/512_inf": 0.0})
+    d0, _ = write_run(tmp_path, "te", 0, [0.1, 0.2], [0.1, 0.2], extra=steps)
+    m0 = C.seed_metrics(d0, None)
+    assert m0["gap_bins"]["pos"]["gap"]["000_004"] == pytest.approx((0.2 * 0.25 + 0.4 * 0.75) / 1.0)
+    assert m0["gap_bins"]["pos"]["tokens"]["000_004"] == pytest.approx(0.5)
+    assert m0["gap_bins"]["pos"]["gap"]["512_inf"] is None and "len" not in m0["gap_bins"]
+    d1, _ = write_run(tmp_path, "te", 1, [0.1], [0.1], extra={0: {**steps[0]}})
+    gl = C.gap_by_length({"te": [m0, C.seed_metrics(d1, None)]})
+    cell = gl["te"]["pos"]["000_004"]
+    assert cell["gap"] == pytest.approx((0.35 + 0.2) / 2) and cell["n"] == 2
+    assert gl["te"]["pos"]["512_inf"] == {"gap": None, "tokens": 0.0, "n": 0}
+    d2, _ = write_run(tmp_path, "bf16", 0, [0.1], [0.1])
+    assert C.gap_by_length({"bf16": [C.seed_metrics(d2, None)]}) == {}  # logged without the bins
 
 
 # --- verdicts on made-up arms -----------------------------------------------------------------------------
@@ -465,6 +489,17 @@ def test_minite_claims_verb_writes_json_md_figures_and_record(tmp_path, capsys):
                 recipe=rec,
                 grpo={"tis": True} if run.endswith("tis") else None,
                 noise=1.0 if "noise" in run else 0.0,
+                extra={
+                    i: {
+                        "mismatch/gap_by_pos/000_004": gap,
+                        "mismatch/tokens_by_pos/000_004": 0.5,
+                        "mismatch/gap_by_pos/004_008": 2 * gap,
+                        "mismatch/tokens_by_pos/004_008": 0.5,
+                        "mismatch/gap_by_len/004_008": 1.5 * gap,
+                        "mismatch/tokens_by_len/004_008": 1.0,
+                    }
+                    for i in range(20)
+                },
             )
             rl.append(str(d))
             evs.append(str(ev))
@@ -493,8 +528,12 @@ def test_minite_claims_verb_writes_json_md_figures_and_record(tmp_path, capsys):
     res = json.loads((out / "claims.json").read_text())
     assert set(res["claims"]) == {"C1", "C2", "C3", "C4", "C5"}
     assert res["arms"]["minite"]["quality"]["values"] == [0.50, 0.51, 0.52]
-    for name in ("claims_curves", "claims_final", "claims_dose"):
+    for name in ("claims_curves", "claims_final", "claims_dose", "claims_gap_length"):
         assert (out / f"{name}.png").is_file(), name
+    assert res["gap_by_length"]["te_nvfp4"]["pos"]["004_008"]["gap"] == pytest.approx(0.1)
+    md = (out / "claims.md").read_text()
+    assert "| arm | 0-3 | 4-7 |" in md and "| te_nvfp4 | 5.00e-02 (50%) | 1.00e-01 (50%) |" in md
+    assert "![claims_gap_length](claims_gap_length.png)" in md
     rec = (tmp_path / "ref" / "claims.md").read_text()
     assert "Command: `snakemake --cores 2 --config profile=unit`" in rec and "Code commit" in rec
     assert json.loads((tmp_path / "ref" / "claims.json").read_text())["profile"] == "unit"

@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
         from minite.claims import evaluate, load_seeds
         from minite.claims_report import claims_markdown, record
-        from minite.figures.claims import fig_curves, fig_dose, fig_final
+        from minite.figures.claims import fig_curves, fig_dose, fig_final, fig_gap_length
         from minite.figures.style import apply_style
         from minite.tracking import git_commit
 
@@ -148,6 +148,7 @@ def main(argv: list[str]) -> int:
             ),
             "claims_final": fig_final(result, out, **kw),
             "claims_dose": fig_dose(result, out, **kw),
+            "claims_gap_length": fig_gap_length(result, out, **kw),
         }
         result["figures"] = {k: v for k, v in files.items() if v}
         (out / "claims.json").write_text(json.dumps(result, indent=2, default=str) + "\n")

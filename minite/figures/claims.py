@@ -210,3 +210,58 @@ def fig_dose(result: dict[str, Any], out: Path, *, formats: list[str], dpi: int,
     fig.suptitle(f"{title}: dose-response (mean and {result['level']:.0%} t intervals over seeds)", y=1.02)
     fig.tight_layout()
     return save(fig, out, "claims_dose", formats, dpi)
+
+
+def bin_label(name: str) -> str:
+    """A bin `<lo>_<hi>` (minite.diagnostics.metrics.gap_bin_names) as a range of tokens: 0-3, 512+."""
+    lo, hi = name.split("_")
+    return f"{int(lo)}+" if hi == "inf" else f"{int(lo)}-{int(hi) - 1}"
+
+
+def fig_gap_length(
+    result: dict[str, Any], out: Path, *, formats: list[str], dpi: int, title: str
+) -> list[str]:
+    """Mean |Δlogp| by token position in the completion and by completion length, per arm (mean over
+    seeds of each seed's token-weighted mean over steps; symlog y so an exact 0 is drawn at 0)."""
+    import matplotlib.pyplot as plt
+
+    gl = result.get("gap_by_length") or {}
+    if not gl:
+        return []
+    arms = [a for a in result["arms"] if a in gl]
+    colors = palette(arms)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    smallest = []
+    for ax, axis, xlab in (
+        (axes[0], "pos", "token position in the completion"),
+        (axes[1], "len", "completion length (tokens)"),
+    ):
+        names = sorted({b for a in arms for b, c in gl[a].get(axis, {}).items() if c["tokens"] > 0})
+        for a in arms:
+            cells = gl[a].get(axis, {})
+            pts = [
+                (i, cells[b]["gap"])
+                for i, b in enumerate(names)
+                if (cells.get(b) or {}).get("gap") is not None
+            ]
+            if pts:
+                ax.plot(
+                    [x for x, _ in pts],
+                    [y for _, y in pts],
+                    "o-",
+                    color=colors[a],
+                    ms=4,
+                    lw=1.3,
+                    label=label(a),
+                )
+                smallest += [y for _, y in pts if y > 0]
+        ax.set_xticks(range(len(names)), [bin_label(b) for b in names])
+        ax.set(xlabel=xlab, ylabel="mean |Δlogp| (sampled tokens)")
+    for ax in axes:
+        # linear below the smallest measured decade: an exact 0 sits on the axis, the rest is log
+        ax.set_yscale("symlog", linthresh=10.0 ** math.floor(math.log10(min(smallest))) if smallest else 1e-8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), bbox_to_anchor=(0.5, -0.12))
+    fig.suptitle(f"{title}: the trainer/sampler gap by response position and length", y=1.02)
+    fig.tight_layout()
+    return save(fig, out, "claims_gap_length", formats, dpi)
