@@ -64,6 +64,16 @@ def commit_of(record: dict[str, Any]) -> str | None:
     return record["environment"].get("git_commit")
 
 
+def date_of(record: dict[str, Any]) -> str | None:
+    """When the record was measured (ISO date or date-time, as its writer gave it)."""
+    kind = kind_of(record)
+    if kind in ("document", "claims", "rl_h200", "paper_h200"):
+        return record.get("date")
+    if kind == "scaling":
+        return record["runs"][0]["environment"].get("date")
+    return record["environment"].get("date")
+
+
 def _notes(notes: str | list[str] | None) -> str:
     if not notes:
         return ""

@@ -1,13 +1,14 @@
 """Every results/**/*.md is its record rendered (minite.results), byte for byte, at a commit in history."""
 
 import json
+import re
 import shutil
 import subprocess
 
 import pytest
 
 from minite import results
-from minite.results import RESULTS, ROOT, commit_of, kind_of, main, published, record_path, render
+from minite.results import RESULTS, ROOT, commit_of, date_of, kind_of, main, published, record_path, render
 
 FILES = published()
 
@@ -66,3 +67,32 @@ def test_document_tables_round_trip_escaped_pipes_and_empty_cells():
 def test_unknown_record_kind_is_refused():
     with pytest.raises(ValueError, match="unknown kind"):
         kind_of({"numbers": [1, 2]})
+
+
+def _readme_rows() -> list[tuple[str, str, str, str, str]]:
+    """(result, file, commit, date, line) of each headline row of README.md that cites a results file."""
+    rows = []
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if not line.startswith("| ") or "`results/" not in line:
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        m = re.fullmatch(r"`(results/[^`]+\.md)` \((\w+), (\d{4}-\d\d-\d\d)\)", cells[-1])
+        assert m, f"README row names no file with its commit and date: {cells[-1]!r}"
+        rows.append((cells[1], m.group(1), m.group(2), m.group(3), line))
+    return rows
+
+
+def test_readme_rows_come_from_the_files_they_cite():
+    rows = _readme_rows()
+    assert len(rows) >= 10
+    for result, name, commit, date, _ in rows:
+        md = ROOT / name
+        record = json.loads(record_path(md).read_text())
+        assert (commit_of(record) or "").startswith(commit), f"{name}: README says {commit}"
+        assert (date_of(record) or "").startswith(date), f"{name}: README says {date}"
+        text = md.read_text()
+        # every percentage, decimal or thousands-separated number of the row is in the file it cites
+        numbers = re.findall(r"\d+ %|\d[\d,]*\.\d+(?:e[-+]\d+)?|\d{1,3}(?:,\d{3})+", result)
+        assert numbers, result
+        missing = [n for n in numbers if n not in text]
+        assert not missing, f"{name}: README's {missing} not in the file"
