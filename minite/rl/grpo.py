@@ -49,7 +49,7 @@ recompute ``logp_old`` of the same policy. TIS weights each token's loss by the 
     w_bt = min(exp(logp_old - logp_sampler), tis_cap)         detached, tis_cap = C = 2 in the paper
 
 so the gradient estimates E_{pi_sampler}[min(pi_old / pi_sampler, C) grad l]. The weight corrects the
-objective; miniTE's alignment instead removes the mismatch it corrects (DESIGN.md, "The three recipes").
+objective; miniTE's alignment instead removes the mismatch it corrects (docs/design.md, "The three recipes").
 
 Sequence-level rollout corrections, as verl's rollout correction defines them
 (verl/trainer/ppo/rollout_corr_helper.py, `compute_rollout_correction_weights` and
