@@ -11,9 +11,10 @@ The claims (issue "The paper's claims, measured"):
 - C5: the learner is faster than BF16 and TE NVFP4 (a B300 claim; measured here on an H200).
 
 Arms. An arm is a recipe or an ablation run with several seeds. The profile's `claims:` section names
-the roles: `baseline` (bf16), `naive` (te_nvfp4), `aligned` (minite), `corrections` (te_nvfp4 with an
-objective-side fix: token TIS, sequence MIS, Geo-RS) and `dose_response` (the aligned recipe with one
-naive component switched on, all of them, or a synthetic logit noise on the sampler).
+the roles: `baseline` (bf16), `naive` (te_nvfp4), `aligned` (minite), `aligned_bf16` (bf16_aligned),
+`corrections` (te_nvfp4 with an objective-side fix: token TIS, sequence MIS, Geo-RS), `dose_response`
+(the aligned recipe with one naive component switched on, all of them, or a synthetic logit noise on the
+sampler) and `positive_control` (calibrated injected-mismatch arms, below).
 
 Per-seed numbers (quality, loop_eval, reward windows, gap, ...): minite.claims_seeds.
 
@@ -69,6 +70,18 @@ at the same step (dose arms may run a shorter horizon: `run_overrides`); learnin
 smallest gap whose CI(quality(arm) - quality(aligned)) upper bound < 0, or, for an arm run with one
 seed, whose value lies below the aligned arm's prediction interval for one more seed, mean - t(n-1) s
 sqrt(1 + 1/n) (`prediction_interval`).
+
+The 2x2 (`effects_2x2`): with `bf16_aligned` (role `aligned_bf16`: minite's execution in bf16, gap 0)
+the main arms cross format {bf16, NVFP4} with execution {each engine's own, aligned}; the report gives
+the alignment effect within each format (bf16_aligned - bf16, minite - te_nvfp4) and the format effect
+within aligned execution (minite - bf16_aligned), as quality differences with the intervals above.
+
+Sensitivity, stated before any verdict (`sensitivity`): the positive control (role `positive_control`,
+the aligned recipe with the logit-noise sampler calibrated to the naive arm's gap and to 10x it, run at
+the main arms' horizon and seeds) detects harm when some control's CI(quality(control) - quality(aligned))
+upper bound < 0. When controls ran and none does, the testbed is insensitive at this scale: every C2-C4
+says so, and a verdict that rests on seeing no harm (C2 or C4 reproduced, C3 not reproduced) becomes
+inconclusive. No control run: sensitivity unknown, said so, verdicts unchanged.
 
 When a verdict is inconclusive the result says what would settle it: for a difference whose CI is too
 wide, the seeds per arm at which the t half-width, with the observed standard deviations, would be
@@ -621,6 +634,104 @@ def dose_response(
     }
 
 
+# the 2x2 of the main arms: format {bf16, NVFP4} x execution {each engine's own, aligned}
+EFFECTS_2X2 = (
+    ("alignment within BF16", "aligned_bf16", "baseline"),
+    ("alignment within NVFP4", "aligned", "naive"),
+    ("format within aligned execution", "aligned", "aligned_bf16"),
+    ("format within each engine's own execution", "naive", "baseline"),
+)
+
+
+def effects_2x2(arms: dict[str, dict], roles: dict[str, Any], level: float) -> list[dict[str, Any]]:
+    """Quality differences across the 2x2 (roles baseline = bf16, aligned_bf16 = bf16_aligned, naive =
+    te_nvfp4, aligned = minite): the alignment effect within each format and the format effect within
+    each execution, each as `_diff_numbers` (paired where seeds pair, Welch beside); an effect whose
+    arms were not both run is listed with its missing arms."""
+    out = []
+    for name, ra, rb in EFFECTS_2X2:
+        a, b = roles.get(ra), roles.get(rb)
+        row: dict[str, Any] = {"effect": name, "minuend": a, "subtrahend": b}
+        missing = [n for n in (a, b) if not n or n not in arms]
+        if missing:
+            row["missing"] = [m or ra for m in missing]
+        else:
+            row["difference"] = _diff_numbers(arms[a], arms[b], level)
+            row["shown"] = _shown_diff(arms[a], arms[b], level)
+        out.append(row)
+    return out
+
+
+def sensitivity(arms: dict[str, dict], roles: dict[str, Any], level: float) -> dict[str, Any]:
+    """Can this testbed detect harm from mismatch at all? The positive control: arms that inject a
+    known mismatch into the aligned recipe (the logit-noise sampler calibrated to the naive arm's gap
+    and to 10x it), at the main arms' horizon and seeds. Harm is detected when some control's quality
+    interval against the aligned arm lies below 0. No control run: unknown. Not detected: the testbed
+    is insensitive at this scale, and C2-C4 cannot lean either way (`evaluate`)."""
+    aligned = roles["aligned"]
+    controls = [c for c in roles.get("positive_control", []) if c in arms]
+    missing = [c for c in roles.get("positive_control", []) if c not in arms]
+    if aligned not in arms or not controls:
+        return {
+            "status": "unknown",
+            "controls": {},
+            "missing": missing,
+            "line": "Sensitivity: unknown, no positive control was run (an injected-mismatch arm calibrated "
+            "to the naive arm's gap and to 10x it), so no verdict below can say whether this testbed "
+            "detects harm from mismatch.",
+        }
+    rows = {}
+    for c in controls:
+        d = _diff(arms[c], arms[aligned], level)
+        rows[c] = {
+            "gap": arms[c]["gap"]["mean"],
+            "difference": _diff_numbers(arms[c], arms[aligned], level),
+            "harm": bool(math.isfinite(d.hi) and d.hi < 0),
+        }
+    detected = [c for c, r in rows.items() if r["harm"]]
+    shown = "; ".join(
+        f"{c} (gap {_f_gap(r['gap'])}) − {aligned}: {_shown_diff(arms[c], arms[aligned], level)}"
+        for c, r in rows.items()
+    )
+    if detected:
+        line = f"Sensitivity: the testbed detects harm from mismatch: {shown}."
+    else:
+        line = (
+            f"Sensitivity: testbed insensitive at this scale: no positive control is worse than {aligned} "
+            f"with confidence ({shown}), so C2-C4 cannot tell harm from mismatch from none."
+        )
+    return {
+        "status": "detected" if detected else "insensitive",
+        "controls": rows,
+        "missing": missing,
+        "line": line,
+    }
+
+
+def _f_gap(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2e}"
+
+
+def _insensitive(claim: dict[str, Any], sens: dict[str, Any]) -> dict[str, Any]:
+    """Under an insensitive testbed, a verdict that rests on seeing no harm (C2 and C4 reproduced, C3
+    not reproduced) cannot stand: inconclusive, saying why. Other verdicts keep the note."""
+    if sens["status"] != "insensitive":
+        return claim
+    claim["evidence"].append("testbed insensitive at this scale: " + sens["line"].split(": ", 2)[-1])
+    rests_on_no_harm = (claim["id"] in ("C2", "C4") and claim["verdict"] == REPRODUCED) or (
+        claim["id"] == "C3" and claim["verdict"] == NOT_REPRODUCED
+    )
+    if rests_on_no_harm:
+        claim["evidence"].append(
+            f"would be '{claim['verdict']}' by the intervals, but the testbed shows no harm"
+        )
+        claim["verdict"] = INCONCLUSIVE
+        claim["to_settle"] = (
+            "a testbed where the positive control shows harm: more seeds, steps or a longer task"
+        )
+    return claim
+
+
 def gap_by_length(by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per arm and axis ("pos": token position in the completion, "len": completion length), per bin:
     the mean over seeds of each seed's token-weighted mean |Δlogp| (minite.claims_seeds.gap_bins), the
@@ -683,13 +794,14 @@ def evaluate(
         by_arm.setdefault(r["run"], []).append(r)
     arms = {n: {**arm_summary(rows, level), "_paired": paired} for n, rows in by_arm.items()}
     public = {n: {k: v for k, v in a.items() if not k.startswith("_")} for n, a in arms.items()}
-    main = [roles[k] for k in ("baseline", "naive", "aligned") if roles.get(k)]
+    main = [roles[k] for k in ("baseline", "aligned_bf16", "naive", "aligned") if roles.get(k)]
 
     def guard(claim: dict[str, Any], names: list[str]) -> dict[str, Any]:
         names = [n for n in names if n in arms]
         return _few_seeds(claim, [arms[n] for n in names], names, min_seeds)
 
     corr = list(roles.get("corrections", []))
+    sens = sensitivity(arms, roles, level)
     claims = {
         "C1": claim_c1(arms, roles),
         "C2": guard(claim_c2(arms, roles, level, margin), [roles["aligned"], roles["baseline"]]),
@@ -697,6 +809,8 @@ def evaluate(
         "C4": guard(claim_c4(arms, roles, level, margin), [roles["naive"], roles["aligned"], *corr]),
         "C5": claim_c5(bench),
     }
+    for cid in ("C2", "C3", "C4"):
+        claims[cid] = _insensitive(claims[cid], sens)
     return {
         "level": level,
         "margin": margin,
@@ -704,9 +818,13 @@ def evaluate(
         "paired": paired,
         "roles": roles,
         "arms": public,
+        "sensitivity": sens,
         "claims": claims,
+        "effects_2x2": effects_2x2(arms, roles, level),
         "dose_response": dose_response(arms, seeds, roles, level),
-        "learning": learning(arms, main + list(roles.get("corrections", []))),
+        "learning": learning(
+            arms, main + list(roles.get("corrections", [])) + list(roles.get("positive_control", []))
+        ),
         "gap_by_length": gap_by_length(by_arm),
         "seeds": [
             {k: _clean(v) if isinstance(v, float) else v for k, v in r.items() if not k.startswith("_")}

@@ -15,8 +15,9 @@ from typing import Any
 from minite.claims import fmt_interval
 
 RULES = (
-    "Verdict rules (minite/claims.py): intervals are {level:.0%} Student-t over seeds (Welch for "
-    "differences of two arms); δ = {margin} exact match is the smallest quality difference that counts. "
+    "Verdict rules (minite/claims.py): intervals are {level:.0%} Student-t over seeds (for differences "
+    "of two arms the paired t over the seeds both ran, Welch's beside it); δ = {margin} exact match is "
+    "the smallest quality difference that counts. "
     "C1: the aligned gap is exactly 0 and an arm with the trainer's exact weights in the same formats but "
     "other execution has a gap > 0. C2: no non-finite step, no collapse, and CI(aligned − bf16) > −δ. "
     "C3: CI(naive − aligned) < 0 (not reproduced if CI > −δ). C4: aligned gap 0 with the plain objective, "
@@ -108,6 +109,20 @@ def gap_length_tables(result: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def effects_table(result: dict[str, Any]) -> str:
+    """The 2x2 format x execution: each effect as a quality difference (minite.claims.effects_2x2)."""
+    rows = result.get("effects_2x2") or []
+    if not any("difference" in r for r in rows):
+        return ""
+    head = "| effect | difference | final exact match difference |\n|---|---|---|\n"
+    body = ""
+    for r in rows:
+        what = f"{r['minuend']} − {r['subtrahend']}"
+        shown = r.get("shown") or f"not run: {', '.join(map(str, r.get('missing', [])))}"
+        body += f"| {r['effect']} | {what} | {shown} |\n"
+    return head + body
+
+
 def dose_lines(result: dict[str, Any]) -> list[str]:
     dr = result.get("dose_response") or {}
     thr = dr.get("threshold")
@@ -140,6 +155,9 @@ def claims_markdown(
     figures = figures or {}
     parts = [f"{heading} Claims\n\n"]
     parts.append(RULES.format(level=result["level"], margin=result["margin"]) + "\n\n")
+    sens = result.get("sensitivity")
+    if sens:
+        parts.append(f"**{sens['line']}**\n\n")
     parts.append("| claim | statement | verdict |\n|---|---|---|\n")
     for cid, c in result["claims"].items():
         parts.append(f"| {cid} | {c['statement']} | **{c['verdict']}** |\n")
@@ -156,6 +174,14 @@ def claims_markdown(
         if c.get("to_settle"):
             parts.append(f"- To settle: {c['to_settle']}\n")
         parts.append("\n")
+    et = effects_table(result)
+    if et:
+        parts.append(
+            f"{heading}# Format and execution separated (the 2×2)\n\nFormat {{BF16, NVFP4}} × execution "
+            "{each engine's own, aligned}: the alignment effect within each format and the format effect "
+            f"within aligned execution ({result['level']:.0%} intervals, paired over seeds where both arms "
+            "ran them).\n\n" + et + "\n"
+        )
     dl = dose_lines(result)
     if dl:
         parts.append(f"{heading}# Dose-response: quality against the measured gap\n\n")

@@ -20,7 +20,15 @@ from pathlib import Path
 from minite.commands.common import run_guarded
 from minite.configuration import ConfigError
 
-ROLE_KEYS = ("baseline", "naive", "aligned", "corrections", "dose_response")
+ROLE_KEYS = (
+    "baseline",
+    "naive",
+    "aligned",
+    "aligned_bf16",
+    "corrections",
+    "dose_response",
+    "positive_control",
+)
 
 
 def parse_claims(text: str) -> dict:
@@ -86,8 +94,14 @@ def main(argv: list[str]) -> int:
     def go() -> int:
         sec = parse_claims(args.claims)
         roles = {k: sec[k] for k in ROLE_KEYS if k in sec}
-        for k in ("baseline", "naive", "aligned"):
-            roles.setdefault(k, {"baseline": "bf16", "naive": "te_nvfp4", "aligned": "minite"}[k])
+        defaults = {
+            "baseline": "bf16",
+            "naive": "te_nvfp4",
+            "aligned": "minite",
+            "aligned_bf16": "bf16_aligned",
+        }
+        for k, v in defaults.items():
+            roles.setdefault(k, v)
         if not args.rl and not args.ledger:
             raise ConfigError("give RL folders (--rl) or a results ledger (--ledger with --runs)")
         if args.ledger and not args.runs:
@@ -108,8 +122,9 @@ def main(argv: list[str]) -> int:
         if args.ledger:
             from minite.claims_seeds import ledger_seeds
 
-            names = [roles["baseline"], roles["naive"], roles["aligned"]]
+            names = [roles["baseline"], roles["naive"], roles["aligned"], roles["aligned_bf16"]]
             names += [*roles.get("corrections", []), *roles.get("dose_response", [])]
+            names += roles.get("positive_control", [])
             pooled, provenance, records = ledger_seeds(
                 args.ledger, args.profile, args.runs, names, args.task, sec.get("window")
             )
@@ -135,7 +150,8 @@ def main(argv: list[str]) -> int:
         apply_style()
         formats = [f for f in args.formats.split(",") if f]
         kw = dict(formats=formats, dpi=args.dpi, title=args.profile)
-        main_arms = [roles["baseline"], roles["naive"], roles["aligned"], *roles.get("corrections", [])]
+        main_arms = [roles["baseline"], roles["aligned_bf16"], roles["naive"], roles["aligned"]]
+        main_arms += [*roles.get("corrections", []), *roles.get("positive_control", [])]
         steps = max(s["steps"] for s in seeds)
         files = {
             "claims_curves": fig_curves(
