@@ -9,8 +9,9 @@ CLAIMS = config.get("claims") or {}
 CLAIMS_ON = bool(CLAIMS.get("enabled", False))
 CLAIMS_DIR = f"{RES}/claims"
 if CLAIMS_ON:
-    _named = [CLAIMS.get(k) for k in ("baseline", "naive", "aligned")]
-    _named += list(CLAIMS.get("corrections") or []) + list(CLAIMS.get("dose_response") or [])
+    _named = [CLAIMS.get(k) for k in ("baseline", "naive", "aligned", "aligned_bf16")]
+    for _role in ("corrections", "dose_response", "positive_control"):
+        _named += list(CLAIMS.get(_role) or [])
     # a name that is no recipe or ablation at all is a typo; a known arm this profile does not run
     # (e.g. inherited through `extends`) is reported as "not run" by the verdicts
     _known = set(ALL_RUNS) | {f.stem for f in P.recipes_dir(config).glob("*.yaml")}
