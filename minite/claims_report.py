@@ -15,9 +15,8 @@ from typing import Any
 from minite.claims import fmt_interval
 
 RULES = (
-    "Verdict rules (minite/claims.py): intervals are {level:.0%} Student-t over seeds (for differences "
-    "of two arms the paired t over the seeds both ran, Welch's beside it); δ = {margin} exact match is "
-    "the smallest quality difference that counts. "
+    "Verdict rules (minite/claims.py): intervals are {level:.0%} Student-t over seeds ({differences}); "
+    "δ = {margin} exact match is the smallest quality difference that counts. "
     "C1: the aligned gap is exactly 0 and an arm with the trainer's exact weights in the same formats but "
     "other execution has a gap > 0. C2: no non-finite step, no collapse, and CI(aligned − bf16) > −δ. "
     "C3: CI(naive − aligned) < 0 (not reproduced if CI > −δ). C4: aligned gap 0 with the plain objective, "
@@ -154,7 +153,15 @@ def claims_markdown(
     """The Claims section; `figures` maps claims_curves / claims_final / claims_dose to relative paths."""
     figures = figures or {}
     parts = [f"{heading} Claims\n\n"]
-    parts.append(RULES.format(level=result["level"], margin=result["margin"]) + "\n\n")
+    # a record made before paired intervals existed has no "paired" key: its differences are Welch's
+    differences = (
+        "for differences of two arms the paired t over the seeds both ran, Welch's beside it"
+        if result.get("paired")
+        else "Welch for differences of two arms"
+    )
+    parts.append(
+        RULES.format(level=result["level"], margin=result["margin"], differences=differences) + "\n\n"
+    )
     sens = result.get("sensitivity")
     if sens:
         parts.append(f"**{sens['line']}**\n\n")
