@@ -187,20 +187,27 @@ def _save(trainer: Trainer, ranks: Ranks, out: Path, state: dict[str, Any]) -> N
 
 def sample_groups(
     cfg: TrainConfig, rollout: Rollout, tokenizer, train_set: list[Example], step: int
-) -> tuple[list[list[Completion]], list[Example], dict[str, float]] | None:
+) -> tuple[list[list[Completion]], list[Example], dict[str, float]] | dict[str, Any] | None:
     """A step's groups and their problems (rank 0; None elsewhere), with dynamic sampling's counts
-    (module docstring). Every rank calls it: each generation batch is a collective with vLLM replicas,
-    and rank 0's decision to stop is broadcast."""
+    (module docstring); or, when the sampler met non-finite logits, that fault's event (rank 0), which
+    the step raises on every rank. Every rank calls it: each generation batch is a collective with vLLM
+    replicas, and rank 0's decision to stop is broadcast."""
     fg = cfg.rollout.filter_groups
     want = cfg.rollout.prompts_per_step
     kept: list[tuple[list[Completion], Example]] = []
     generated = batches = 0
+    fault: dict[str, Any] | None = None
     while True:
         exs, prompts, params = step_prompts(cfg, train_set, tokenizer, step, batches)
-        groups = rollout.generate(prompts, params)
+        try:
+            groups = rollout.generate(prompts, params)
+        except NonFiniteError as err:  # the built-in sampler's logits; it samples on rank 0 alone
+            if rollout.ranks.data_parallel and rollout.colocated:
+                raise  # every rank samples: every rank raises
+            fault = err.event
         batches += 1
         done = True
-        if rollout.ranks.lead:
+        if rollout.ranks.lead and fault is None:
             generated += len(groups)
             if fg.enable:
                 rewards, _ = group_rewards(cfg, tokenizer, groups, exs)
@@ -216,6 +223,8 @@ def sample_groups(
             break
     if not rollout.ranks.lead:
         return None
+    if fault is not None:
+        return fault
     if fg.enable and len(kept) < want and fg.on_exhausted == "error":
         raise RuntimeError(
             f"step {step}: dynamic sampling found {len(kept)} of rollout.prompts_per_step={want} groups with "
@@ -330,7 +339,9 @@ def train(
                 reference.seeds.set_step(step)
             payload = None
             drawn = sample_groups(cfg, rollout, tokenizer, train_set, step)
-            if lead:
+            if isinstance(drawn, dict):  # rank 0's sampler met non-finite logits
+                payload = ("fault", drawn, None)
+            elif lead:
                 groups, exs, counts = drawn
                 completions = [c for g in groups for c in g]
                 if completions:
@@ -341,12 +352,16 @@ def train(
                     payload = (None, None, counts)
             batch, rewards, reward_stats = ranks.broadcast(payload)
             t_roll = time.perf_counter()
-            if batch is None:  # dynamic sampling, on_exhausted: partial, found no group with signal
+            sampler_fault = rewards if isinstance(batch, str) else None
+            # dynamic sampling with on_exhausted: partial found no group with signal: nothing to train on
+            if sampler_fault is None and batch is None:
                 if lead:
                     _append_jsonl(metrics_path, {"step": step, "skipped": 1.0, **reward_stats})
                 continue
-            local = batch.select(_my_rows(len(rewards), ranks)).to(device)
             try:  # raised on every rank alike (the trainer reduces its checks over ranks)
+                if sampler_fault is not None:
+                    raise NonFiniteError(sampler_fault)
+                local = batch.select(_my_rows(len(rewards), ranks)).to(device)
                 if not bool(torch.isfinite(rewards).all()):
                     raise NonFiniteError({"kind": "reward", "tensor": "rewards"})
                 adv = group_advantages(
