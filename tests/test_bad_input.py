@@ -485,11 +485,6 @@ CASES: list[Case] = [
         ),
         ("--gpu-memory-utilization must be a fraction in (0, 1], got 1.5", "leave it out"),
     ),
-    Case(
-        "train-dist-retired-memory-env",
-        lambda i: i.train_dist(env={"MINITE_VLLM_MEMORY_FRACTION": "0.4"}, sampler={"engine": "vllm"}),
-        ("MINITE_VLLM_MEMORY_FRACTION is no longer read", "--set sampler.gpu_memory_utilization=0.4"),
-    ),
     # --- recipes (configs/recipes/*.yaml, ablation `recipe:` mappings) ------------------------------
     Case(
         "recipe-unknown-key",

@@ -3,7 +3,7 @@
 1. Sample completions for held-out prompts with the recipe's sampler engine (built-in or vLLM, the
    engine the run used unless told otherwise), as the RL loop does.
 2. Token gap: the trainer's recompute (`Trainer.recompute_logprobs`, the learner-side log-prob of the
-   RL loop) vs the sampler's log-probs (DESIGN.md mismatch metrics), and full-vocabulary divergence
+   RL loop) vs the sampler's log-probs (docs/design.md "Mismatch metrics"), and full-vocabulary divergence
    (KL/JS/top-k overlap) at the same positions of the traced sequences.
 3. Layer trace: every site's relative error between the trainer and the sampler engine on the same
    sequences (prefill), the first divergent site, routing agreement per layer. Against vLLM the hooks
