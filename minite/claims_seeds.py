@@ -257,7 +257,12 @@ def ledger_seeds(
     with another hash, or CPU and GPU records in one profile, are refused (minite.rl.ledger.pool)."""
     from minite.rl import ledger as L
 
-    held = [a for a in dict.fromkeys(arms) if Path(root, profile, a).is_dir()]
+    # arms this profile resolves now (an arm it does not run has no current hash to match)
+    held = [
+        a
+        for a in dict.fromkeys(arms)
+        if Path(root, profile, a).is_dir() and (Path(runs_dir) / a / "train.yaml").is_file()
+    ]
     current = {a: L.current_hash(Path(runs_dir) / a) for a in held}
     records = L.pool(root, profile, current)
     return [seed_metrics_from_record(r, task, window) for r in records], L.provenance(records), records

@@ -30,6 +30,10 @@ CLAIMS_COMMAND = f"snakemake --cores 2 --config profile={PROFILE}" + (
 )
 if CLAIMS.get("record"):
     _claims_out.update(record_md=f"{CLAIMS['record']}.md", record_json=f"{CLAIMS['record']}.json")
+# claims.ledger (a results ledger root, minite.rl.ledger): the verdicts also pool every record there whose
+# hash is the arm's current one (from this profile's resolved runs), seeds run in earlier sittings or on
+# other machines
+CLAIMS_LEDGER = CLAIMS.get("ledger")
 FIG_DPI = (config.get("figures") or {}).get("dpi", 150)
 FIGS = f"{RES}/figures"
 TABLES = f"{RES}/tables"
@@ -79,6 +83,7 @@ rule claims:
     input:
         rl=rl_outputs(RUNS),
         evals=eval_outputs(RUNS),
+        specs=[f"{RES}/runs/{r}/train.yaml" for r in RUNS] if CLAIMS_LEDGER else [],
     output:
         **_claims_out,
     params:
@@ -88,6 +93,7 @@ rule claims:
         # the committed GPU benchmarks live in the repository, whatever the working directory
         bench=str(Path(workflow.basedir) / CLAIMS.get("bench", "results/bench")),
         record=f"--record {CLAIMS['record']}" if CLAIMS.get("record") else "",
+        ledger=f"--ledger {CLAIMS_LEDGER} --runs {RES}/runs" if CLAIMS_LEDGER else "",
         command=CLAIMS_COMMAND,
         formats=",".join(FIG_FORMATS),
         dpi=FIG_DPI,
@@ -98,7 +104,8 @@ rule claims:
         f"{BENCH}/claims/claims.tsv"
     shell:
         "{MINITE} claims --rl {params.rl} --evals {input.evals} --claims {params.claims:q} --task {params.task}"
-        " --bench {params.bench} --out {params.out} --profile {PROFILE} {params.record} --command {params.command:q}"
+        " --bench {params.bench} --out {params.out} --profile {PROFILE} {params.record} {params.ledger}"
+        " --command {params.command:q}"
         " --formats {params.formats} --dpi {params.dpi} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
 
 

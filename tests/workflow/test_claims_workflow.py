@@ -42,3 +42,18 @@ def test_an_unknown_arm_stops_snakemake(workdir):
     assert res.returncode != 0
     out = res.stderr + res.stdout
     assert "te_nvfp4_tys" in out and "neither recipes nor ablation files" in out
+
+
+def test_claims_pool_the_ledger_when_the_profile_names_one(workdir):
+    """claims.ledger: the claims job also pools the ledger's records (minite claims --ledger --runs), and
+    the arms' resolved runs (their current hashes) are its inputs."""
+    res = snakemake(
+        "-n", "-p", "--config", "profile=claims", "claims={ledger: results/ledger}", workdir=workdir
+    )
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    block = res.stdout.split("rule claims:", 1)[1].split("\n\n", 1)[0]
+    assert "results/claims/runs/minite/train.yaml" in block
+    command = next(ln for ln in res.stdout.splitlines() if " claims --rl " in ln)
+    assert "--ledger results/ledger --runs results/claims/runs" in command
+    plain = snakemake("-n", "-p", "--config", "profile=claims", workdir=workdir)
+    assert "--ledger" not in next(ln for ln in plain.stdout.splitlines() if " claims --rl " in ln)
