@@ -126,6 +126,15 @@ from minite.intervals import (
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
+# what a seed fixes across arms (module docstring, "Why seeds pair"), as the report states it
+PAIRING = (
+    "Seeds pair across arms: seed s gives every arm the same base model (one prepared checkpoint per "
+    "profile), the same per-step problem sets and sampling seeds (minite.rl.rollout.step_prompts: a "
+    "function of seed and step alone; the logit-noise control seeds its noise from them too), the same "
+    "stochastic-rounding seeds and the same eval prompts; only dynamic sampling's extra generation "
+    "batches follow the rewards. The sampled tokens then differ as the arms' policies do."
+)
+
 STATEMENTS = {
     "C1": "matching weights and formats is not enough; execution must match",
     "C2": "aligned NVFP4 RL is stable and close to BF16 in quality",
@@ -889,6 +898,7 @@ def evaluate(
         "margin": margin,
         "min_seeds": min_seeds,
         "paired": paired,
+        "pairing": PAIRING if paired else "",
         "roles": roles,
         "arms": public,
         "sensitivity": sens,

@@ -162,6 +162,8 @@ def claims_markdown(
     parts.append(
         RULES.format(level=result["level"], margin=result["margin"], differences=differences) + "\n\n"
     )
+    if result.get("pairing"):
+        parts.append(result["pairing"] + "\n\n")
     sens = result.get("sensitivity")
     if sens:
         parts.append(f"**{sens['line']}**\n\n")

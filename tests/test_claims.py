@@ -406,6 +406,7 @@ def test_verdicts_use_the_paired_interval_where_seeds_pair():
     assert d["welch"]["lo"] < -0.3 and d["welch"]["hi"] > 0.3
     assert v["C3"] == "reproduced" and res["paired"] is True
     assert "paired over 3 seeds" in " ".join(res["claims"]["C3"]["evidence"])
+    assert "Seeds pair across arms" in claims_markdown(res)
     v, res = verdicts(arms(q), paired=False)
     assert v["C3"] == "inconclusive"
     assert res["claims"]["C3"]["numbers"]["difference_vs_aligned"]["method"] == "welch"
