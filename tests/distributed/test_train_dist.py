@@ -60,7 +60,7 @@ def test_train_dist_two_ranks(tiny_inputs, tmp_path):
     cfg_path = tmp_path / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(CFG))
     dist_out = tmp_path / "dist"
-    recs = _run("train-dist", tiny_inputs, dist_out, cfg_path, "--nproc-per-node", "2")
+    recs = _run("train-dist", tiny_inputs, dist_out, cfg_path, "--nproc-per-node", "2", "--eval-at-start")
     assert [r["step"] for r in recs] == [0, 1]
     shards = sorted(p.name for p in (dist_out / "checkpoint_sharded").glob("*.safetensors"))
     assert len(shards) == 2
@@ -68,16 +68,21 @@ def test_train_dist_two_ranks(tiny_inputs, tmp_path):
     assert state["step"] == 2
 
     # the same rollouts as one process at step 0 (same sampler, same weights synced from the shards)
-    one = _run("train", tiny_inputs, tmp_path / "one", cfg_path)
-    assert recs[0].keys() == one[0].keys()  # the same metrics row (minite.rl.loop.step_record)
+    one = _run("train", tiny_inputs, tmp_path / "one", cfg_path, "--eval-at-start")
+    assert recs[0].keys() == one[0].keys()  # the same metrics row (one loop: minite.rl.loop.train)
     for k in ("reward_mean", "response_len_mean", "mismatch/logp_abs_diff_mean"):
         assert recs[0][k] == pytest.approx(one[0][k], abs=1e-7), k
+    initial = [json.loads((d / "eval_initial.json").read_text()) for d in (dist_out, tmp_path / "one")]
+    assert initial[0] == initial[1]  # eval-at-start under train-dist: the same sampler, the same weights
 
-    # resume from the sharded checkpoint: step 2 only
-    recs = _run(
-        "train-dist", tiny_inputs, dist_out, cfg_path, "--nproc-per-node", "2", "--steps", "3", "--resume"
-    )
+    # resume from the sharded checkpoint, with the KL reference (sharded like the learner) and a time
+    # limit that rank 0's clock hits after the first step: step 2 only, then a clean early stop
+    more = ("--steps", "4", "--resume", "--time-limit", "0.01", "--set", "grpo.kl_coef=0.05")
+    recs = _run("train-dist", tiny_inputs, dist_out, cfg_path, "--nproc-per-node", "2", *more)
     assert [r["step"] for r in recs] == [0, 1, 2]
+    assert recs[2]["train/kl_ref"] == recs[2]["train/kl_ref"] and "eval/accuracy" in recs[2]
+    summary = json.loads((dist_out / "summary.json").read_text())
+    assert summary["stopped_early"] is True and summary["steps_done"] == 3 and summary["world_size"] == 2
 
 
 SEED = 1  # with this seed every step of the reference has some reward, hence updates (asserted)
@@ -161,7 +166,7 @@ def test_train_dist_vllm_memory_share(
     import torch.distributed as dist
 
     import minite.engines.vllm.engine as engine
-    from minite.distributed.run import make_colocated_vllm
+    from minite.distributed.ranks import make_colocated_vllm
     from minite.engines.vllm.memory import ENGINES_ENV
     from minite.recipes import get_recipe
     from minite.rl.config import SamplerConfig, TrainConfig
