@@ -109,6 +109,18 @@ rule claims:
         " --formats {params.formats} --dpi {params.dpi} --mlflow-experiment {EXPERIMENT} > {log} 2>&1"
 
 
+def _paper_run_config():
+    """A config.json of a run this invocation computes (the report quotes its settings): the last
+    recipe's first seed, or, when the ledger holds every seed of it, another run's."""
+    for run in [*reversed(config["recipes"]), *RUNS]:
+        if seeds(run):
+            return f"{rl_dir(run, seeds(run)[0])}/config.json"
+    raise WorkflowError(
+        f"claims.ledger {LEDGER} holds every seed of every run of profile {PROFILE!r}: nothing to run; "
+        "settle the claims from the ledger alone with `minite claims --ledger ... --runs ...`"
+    )
+
+
 rule paper:
     input:
         manifest=f"{FIGS}/manifest.json",
@@ -116,7 +128,7 @@ rule paper:
         summary=f"{TABLES}/summary.csv",
         throughput=list(THROUGHPUT.values()),
         prepare=f"{PREP}/prepare_metrics.json",
-        run_config=f"{rl_dir(config['recipes'][-1], seeds(config['recipes'][-1])[0])}/config.json",
+        run_config=_paper_run_config(),
     output:
         report=f"paper/{PROFILE}/report.md",
     params:

@@ -135,6 +135,19 @@ def current_hash(run_spec_dir: str | Path) -> str:
     return config_hash(json.loads(json.dumps(to_dict(cfg), default=str)), load_yaml(d / "recipe.yaml"))
 
 
+def spec_hash(spec: dict[str, Any]) -> str:
+    """`current_hash` from a run spec (minite.profiles.resolve_run: its recipe_mapping and rl
+    settings) instead of the files `minite resolve` writes from it: the workflow asks this while it
+    plans, before any file exists."""
+    from minite.configuration import from_dict, to_dict
+    from minite.recipes import recipe_from_dict
+    from minite.rl.config import TrainConfig
+
+    recipe = recipe_from_dict(dict(spec["recipe_mapping"]), where=f"recipe of run {spec['run']}")
+    cfg = from_dict(TrainConfig, {**spec["rl"], "model_dir": "-", "data_dir": "-", "out_dir": "-"})
+    return config_hash(json.loads(json.dumps(to_dict(cfg), default=str)), recipe.to_dict())
+
+
 # --- building a record ----------------------------------------------------------------------------------
 
 

@@ -80,6 +80,24 @@ def test_record_of_a_finished_run(results):
     assert seed1["hash"] == rec["hash"] and seed1["seed"] == 1 and seed1["evals"] is None
 
 
+def test_spec_hash_equals_the_resolved_runs(tmp_path):
+    """What the workflow computes while planning (from the run spec) is what the resolved files give."""
+    from minite.commands.resolve import main
+    from minite.configuration import load_yaml
+    from minite.profiles import load_profile, resolve_run
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = load_profile("claims", load_yaml(repo / "configs" / "experiments" / "claims_2x2.yaml"))
+    hashes = set()
+    for run in ("bf16_aligned", "minite", "minite_noise_te", "te_nvfp4_tis"):
+        spec = resolve_run(cfg, run)
+        body = {k: v for k, v in spec.items() if k != "files"}
+        assert main(["--spec", json.dumps(body), "--out", str(tmp_path / run)]) == 0
+        assert L.spec_hash(spec) == L.current_hash(tmp_path / run), run
+        hashes.add(L.spec_hash(spec))
+    assert len(hashes) == 4
+
+
 def test_initial_eval_file_name_is_the_loops():
     from minite.rl.loop import INITIAL_EVAL_FILE
 

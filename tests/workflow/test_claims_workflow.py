@@ -57,3 +57,37 @@ def test_claims_pool_the_ledger_when_the_profile_names_one(workdir):
     assert "--ledger results/ledger --runs results/claims/runs" in command
     plain = snakemake("-n", "-p", "--config", "profile=claims", workdir=workdir)
     assert "--ledger" not in next(ln for ln in plain.stdout.splitlines() if " claims --rl " in ln)
+
+
+def test_a_seed_the_ledger_holds_is_not_run_again(workdir):
+    """With claims.ledger, an (arm, seed) whose record is there at the arm's current hash is not planned;
+    a record of another hash (the arm's settings changed since) does not count."""
+    import json
+
+    from minite.profiles import resolve_run
+    from minite.rl import ledger as L
+
+    cfg = load_profile("claims")
+    record = {k: None for k in L.REQUIRED}
+    record.update(
+        schema=L.SCHEMA,
+        profile="claims",
+        arm="minite",
+        seed=0,
+        hash=L.spec_hash(resolve_run(cfg, "minite")),
+        numerics_version=L.NUMERICS_VERSION,
+        device_kind="cpu",
+        metrics={"step": [0], "columns": {"reward_mean": [0.5]}},
+        machine={"hostname": "elsewhere"},
+        events=[],
+    )
+    L.write_json(record, workdir / "ledger" / "claims" / "minite" / "seed0.json")
+    L.write_json(
+        {**record, "arm": "bf16", "hash": "0" * 16}, workdir / "ledger" / "claims" / "bf16" / "seed0.json"
+    )
+    res = snakemake("-n", "--config", "profile=claims", "claims={ledger: ledger}", workdir=workdir)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    planned = {(wc["run"], wc["seed"]) for rule, wc in planned_jobs(res.stdout) if rule == "rl"}
+    assert ("minite", "0") not in planned and ("minite", "1") in planned
+    assert ("bf16", "0") in planned  # its record's hash is not bf16's current one
+    json.loads((workdir / "ledger" / "claims" / "minite" / "seed0.json").read_text())  # left as it was
