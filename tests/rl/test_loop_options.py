@@ -46,19 +46,27 @@ def test_kl_on_the_tiny_profile_starts_at_zero_and_stays_finite(tiny_inputs, tmp
     at step 0 bit for bit (KL exactly 0), then the policy moves away (KL > 0, finite); the gap of the
     aligned recipe stays exactly 0; the reference's memory is reported."""
     from minite.commands.train import main
+    from minite.rl.task import TaskConfig, generate, save_jsonl
 
+    # a+b with a, b in 0..4 answered in one token: the random tiny model gets some right, so rewards
+    # differ within groups and the policy moves (with all-zero rewards nothing would, KL included)
+    task = TaskConfig(seed=0, n_train=20, n_eval=4, max_value=4, operators=("+",), max_operands=2)
+    data = tmp_path / "data"
+    data.mkdir()
+    for rows, name in zip(generate(task), ("train", "eval"), strict=True):
+        save_jsonl(rows, data / f"{name}.jsonl")
     out = tmp_path / "kl"
     argv = ["--profile", str(REPO / "configs" / "tiny-builtin.yaml"), "--recipe", "minite", "--seed", "0"]
-    argv += ["--model-dir", str(tiny_inputs["model_dir"]), "--data-dir", str(tiny_inputs["data_dir"])]
+    argv += ["--model-dir", str(tiny_inputs["model_dir"]), "--data-dir", str(data)]
     argv += ["--out", str(out), "--steps", "10", "--no-progress", "--set", "grpo.kl_coef=0.05"]
-    argv += ["--set", "eval.n_examples=16", "--set", "optim.lr=1e-3"]
+    argv += ["--set", "rollout.max_new_tokens=1", "--set", "eval.max_new_tokens=1", "--set", "optim.lr=0.001"]
     assert main(argv) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == list(range(10))
     kl = [r["train/kl_ref"] for r in rows]
     assert kl[0] == 0.0 and rows[0]["train/kl_loss"] == 0.0
     assert all(v == v and abs(v) < float("inf") for v in kl)
-    assert max(kl[1:]) > 0.0
+    assert max(kl[1:]) > 0.0 and max(r["train/grad_norm"] for r in rows) > 0
     assert all(r["mismatch/logp_abs_diff_mean"] == 0.0 for r in rows)
     memory = json.loads((out / loop.MEMORY_FILE).read_text())
     assert memory[-1]["reference_params_mib"] > 0
@@ -74,10 +82,8 @@ def test_kl_resume_equals_uninterrupted(tiny_inputs, tmp_path):
     loop.train(_cfg(tiny_inputs, part, steps=4, **kw), resume=True, progress=False)
     a, b = _rows(full), _rows(part)
     assert [r["step"] for r in b] == [0, 1, 2, 3]
-    for ra, rb in zip(a, b, strict=True):
-        assert {k: v for k, v in ra.items() if not k.startswith("time/")} == {
-            k: v for k, v in rb.items() if not k.startswith("time/")
-        }
+    for ra, rb in zip(a, b, strict=True):  # (the 2-step run also evaluated at its last step, step 1)
+        assert all(ra[k] == rb[k] for k in ra if not k.startswith("time/")), ra["step"]
     assert a[-1]["train/kl_ref"] > 0
 
 
