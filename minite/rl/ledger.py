@@ -25,7 +25,7 @@ whose records mix CPU and GPU runs.
 Size. Per-step columns keep full precision for the keys the claims read (`CLAIMS_KEYS`) and 6
 significant digits elsewhere (0 stays 0, a positive gap stays positive); if the record is still over the
 budget, columns go one by one in `DROP_ORDER` (timings first) and are listed under `dropped_columns`,
-never the claims' keys nor the gap by position and length (`BINNED_PREFIXES`).
+then the gap by position and length (`BINNED_PREFIXES`), never the claims' keys (`_fit`).
 
 Layout: results/ledger/<profile>/<arm>/seed<S>.json (`minite ledger add <run_dir>... --into
 results/ledger`); the RL loop writes <out_dir>/ledger.json at the end of every run
@@ -64,8 +64,8 @@ CLAIMS_KEYS = (
 )
 # the gap by response position and length (minite.diagnostics.metrics): rounded, never dropped
 BINNED_PREFIXES = ("mismatch/gap_by_", "mismatch/tokens_by_")
-# columns dropped, in this order, when a record is over MAX_RECORD_BYTES
-DROP_ORDER = ("time/", "rollout/", "train/", "reward/", "mismatch/ratio_", "mismatch/seq_", "mismatch/")
+# columns dropped, in this order, when a record is over MAX_RECORD_BYTES ("" last: any other column)
+DROP_ORDER = ("time/", "rollout/", "train/", "reward/", "mismatch/ratio_", "mismatch/seq_", "mismatch/", "")
 
 REQUIRED = (
     "schema",
@@ -302,10 +302,20 @@ def record_bytes(record: dict[str, Any]) -> int:
 
 
 def _fit(record: dict[str, Any]) -> None:
-    """Drop whole non-claims columns (DROP_ORDER) until the record fits MAX_RECORD_BYTES."""
+    """Make a long run's record fit MAX_RECORD_BYTES, in stages that lose the least first: drop the
+    non-claims columns one by one (DROP_ORDER), then the gap-by-position/length columns, then round the
+    claims' keys to 9 significant digits (0 stays 0 and a positive gap positive, so zero_gap and
+    gap_positive hold; `claims_keys_rounded` says so). A record still over the budget (thousands of
+    steps) is refused by `validate_record`."""
     cols = record["metrics"]["columns"]
     dropped: list[str] = []
     order = [k for prefix in DROP_ORDER for k in sorted(cols) if k.startswith(prefix) and not _kept(k)]
+    order += [
+        k
+        for prefix in ("mismatch/tokens_by_", "mismatch/gap_by_")
+        for k in sorted(cols)
+        if k.startswith(prefix)
+    ]
     for k in dict.fromkeys(order):  # a key matched by two prefixes is dropped once
         if record_bytes(record) <= MAX_RECORD_BYTES:
             break
@@ -313,6 +323,13 @@ def _fit(record: dict[str, Any]) -> None:
         del cols[k]
     if dropped:
         record["metrics"]["dropped_columns"] = dropped
+    if record_bytes(record) > MAX_RECORD_BYTES:
+        for k in CLAIMS_KEYS:
+            if k in cols:
+                cols[k] = [
+                    float(f"{v:.9g}") if isinstance(v, float) and math.isfinite(v) else v for v in cols[k]
+                ]
+        record["metrics"]["claims_keys_rounded"] = True
 
 
 def validate_record(record: Any, where: str = "ledger record") -> dict[str, Any]:

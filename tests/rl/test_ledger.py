@@ -167,6 +167,36 @@ def test_a_long_run_fits_the_budget(results, tmp_path):
     assert rec["metrics"]["columns"]["reward_mean"] == [json.loads(ln)["reward_mean"] for ln in lines]
 
 
+def test_a_very_long_run_keeps_the_claims_keys(results, tmp_path):
+    """3,000 steps: every other column goes, then the claims' keys are rounded to 9 digits (zeros and
+    signs kept); 6,000 steps cannot fit and are refused by name."""
+    src = results / "rl" / "minite" / "seed0"
+    d = tmp_path / "run"
+    shutil.copytree(src, d, ignore=shutil.ignore_patterns("checkpoint"))
+    rng = random.Random(1)
+    row = {**_rows(src)[1], "mismatch/gap_by_pos/000_004": 0.0, "mismatch/tokens_by_pos/000_004": 1.0}
+
+    def write(n: int) -> list[dict]:
+        rows = [
+            {**{k: rng.random() for k in row}, "step": s, "mismatch/logp_abs_diff_max": 0.0} for s in range(n)
+        ]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return rows
+
+    rows = write(3000)
+    rec = L.ledger_record(d)
+    assert L.record_bytes(rec) <= L.MAX_RECORD_BYTES and rec["metrics"]["claims_keys_rounded"]
+    assert set(rec["metrics"]["columns"]) == set(L.CLAIMS_KEYS) & set(row)
+    assert rec["metrics"]["columns"]["mismatch/logp_abs_diff_max"] == [0.0] * 3000
+    got = rec["metrics"]["columns"]["reward_mean"]
+    assert all(
+        abs(a - r["reward_mean"]) <= 1e-8 * abs(r["reward_mean"]) for a, r in zip(got, rows, strict=True)
+    )
+    write(6000)
+    with pytest.raises(L.LedgerError, match="over the"):
+        L.ledger_record(d)
+
+
 def test_write_ledger_record(results, tmp_path):
     d = tmp_path / "run"
     shutil.copytree(results / "rl" / "minite" / "seed1", d, ignore=shutil.ignore_patterns("checkpoint"))
