@@ -16,7 +16,7 @@ Points (each named where it sits in the code):
                       to <dir>.old, <dir>.tmp not yet renamed to <dir> (minite/checkpoint.py)
     mlflow_log        the live MLflow logging of a step: its metrics handed to MLflow (asynchronously
                       through a server: maybe not sent yet), before the step's checkpoint
-                      (minite/tracking.py, JobRun.log_step)
+                      (minite/tracking/jobs.py, JobRun.log_step)
 
 tests/rl/test_kill_resume.py kills `minite train` at each point and checks that `--resume` ends with
 the weights and metrics of an uninterrupted run.

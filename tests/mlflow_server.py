@@ -1,4 +1,4 @@
-"""A real `mlflow server` for tests, started the way the workflow starts it (minite.tracking_server:
+"""A real `mlflow server` for tests, started the way the workflow starts it (minite.tracking.server:
 the supervisor, 127.0.0.1, a free port, a sqlite store), and a small REST client over it.
 
 `mlflow_server` is session-scoped (tests/conftest.py imports it): a server took ~50 s to start on a
@@ -70,8 +70,8 @@ class ServerForTests:
     """The workflow's server (supervisor included) over <results_dir>/mlflow.db, up and answering."""
 
     def __init__(self, results_dir: Path, experiment: str = "smoke"):
-        from minite import tracking_server as TS
-        from minite.tracking_store import wait_for_server
+        from minite.tracking import server as TS
+        from minite.tracking.store import wait_for_server
 
         self.server = TS.start(results_dir, experiment)
         try:
@@ -84,7 +84,7 @@ class ServerForTests:
         self.rest = Rest(self.uri)
 
     def stop(self) -> None:
-        from minite import tracking_server as TS
+        from minite.tracking import server as TS
 
         TS.stop(self.server)
 

@@ -1,13 +1,13 @@
 # MLflow for this invocation: with no tracking URI given (common.smk: USER_TRACKING_URI), onstart starts
 # `mlflow server` on 127.0.0.1 at a free port over results/<profile>/mlflow.db and mlartifacts/
-# (minite/tracking_server.py) and points the jobs at it; onsuccess / onerror stop it (and it stops
+# (minite/tracking/server.py) and points the jobs at it; onsuccess / onerror stop it (and it stops
 # itself if Snakemake dies). Jobs open their runs when they start and stream their metrics; the link to
 # watch them is printed and kept in results/<profile>/mlflow/server.json. A given URI (a cluster's
 # server, or a sqlite:/file: store written directly, the offline option) is used as is. Jobs that run
 # on other hosts (an executor such as SLURM) cannot reach a 127.0.0.1 server: they write the sqlite
 # store directly unless a URI is given.
-from minite import tracking_server as TS
-from minite.tracking_store import SERVER_LOG_ENV, STORE_ENV, WAIT_ENV
+from minite.tracking import server as TS
+from minite.tracking.store import SERVER_LOG_ENV, STORE_ENV, WAIT_ENV
 
 _TRACKING = {}
 

@@ -38,7 +38,7 @@ def _resolve_run(ref: str, experiment: str | None, uri: str | None) -> Path:
         raise FileNotFoundError(f"--run {ref}: neither a run folder nor an MLflow run id")
     from mlflow.tracking import MlflowClient
 
-    from minite.tracking_store import tracking_uri
+    from minite.tracking.store import tracking_uri
 
     found = MlflowClient(tracking_uri=tracking_uri(experiment, uri)).get_run(ref)
     out_dir = found.data.params.get("out_dir")

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, *, verb: str = "minite train", **train_kw) -> 
     else:
         from minite.configuration import to_dict
         from minite.tracking import write_run_ref
-        from minite.tracking_rl import finish_rl_run, rl_run
+        from minite.tracking.rl import finish_rl_run, rl_run
 
         # the run is RUNNING from here; each metrics row goes to MLflow as the loop writes it
         with rl_run(

@@ -23,7 +23,7 @@ memory, disk, network; GPU where pynvml sees one) every MLFLOW_SYSTEM_METRICS_SA
 seconds (default 10), when they log to a server.
 
 Where. `MLFLOW_TRACKING_URI` if set (the workflow sets it for its jobs: the `mlflow server` it starts,
-minite/tracking_server.py, or the URI a user or cluster gave), else the profile's
+minite/tracking/server.py, or the URI a user or cluster gave), else the profile's
 `mlflow.tracking_uri`, else `sqlite:///<cwd>/results/<profile>/mlflow.db`. Artifacts of a sqlite
 store go beside it, in `results/<profile>/mlartifacts/`.
 
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from minite.faultinject import maybe_kill
-from minite.tracking_store import (
+from minite.tracking.store import (
     STORE_ENV,
     _retry,
     _retry_any,
@@ -62,7 +62,7 @@ from minite.tracking_store import (
     wait_for_server,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_LEN = 6000

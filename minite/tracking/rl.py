@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from minite.tracking import JobRun, job_run, metrics_from_jsonl, run_identity, summary_metrics
+from minite.tracking.jobs import JobRun, job_run, metrics_from_jsonl, run_identity, summary_metrics
 
 
 def rl_params(cfg: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], list[Path]]:

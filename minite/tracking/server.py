@@ -7,13 +7,13 @@ at `onsuccess` / `onerror`).
     ...jobs log to server.uri...
     stop(server)
 
-`start` launches a supervisor (`python -m minite.tracking_server ...`, in its own session, so a
+`start` launches a supervisor (`python -m minite.tracking.server ...`, in its own session, so a
 Ctrl-C in the terminal reaches the jobs, which end their runs KILLED, before the server goes) that runs
 `mlflow server` in a process group of its own and ends that group when told (SIGTERM) or when its
 parent, Snakemake, is gone however it ended (SIGKILL included): no server outlives its workflow. Once
 the server answers /health the supervisor creates the experiment (with its model-training kind and
 its artifact folder) and writes results/<profile>/mlflow/server.json (URI, store, UI link, pids) and
-prints the UI link. Jobs wait for /health themselves (minite.tracking_store.wait_for_server): the server's
+prints the UI link. Jobs wait for /health themselves (minite.tracking.store.wait_for_server): the server's
 start-up (store migrations, the app import; ~50 s on a loaded 2-core machine) overlaps
 the prepare stage instead of delaying it.
 """
@@ -80,7 +80,7 @@ def start(results_dir: str | Path, experiment: str, python: str = sys.executable
     info.unlink(missing_ok=True)
     store = f"sqlite:///{res / 'mlflow.db'}"
     port = free_port()
-    cmd = [python, "-m", "minite.tracking_server", "--parent", str(os.getpid())]
+    cmd = [python, "-m", "minite.tracking.server", "--parent", str(os.getpid())]
     cmd += ["--store", store, "--artifacts", str(res / "mlartifacts"), "--port", str(port)]
     cmd += ["--experiment", experiment, "--info", str(info), "--log", str(log)]
     paths = [str(_repo()), os.environ.get("PYTHONPATH", "")]
@@ -106,7 +106,7 @@ def stop(server: Server, timeout: float = 60) -> None:
 
 
 def _repo() -> Path:
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 def _healthy(uri: str) -> bool:
@@ -129,8 +129,8 @@ def _end_group(proc: subprocess.Popen, grace: float = 20) -> None:
 
 
 def _announce(uri: str, store: str, experiment: str, info: Path, pids: dict[str, int]) -> None:
-    from minite.tracking import _client, _experiment_id
-    from minite.tracking_store import ui_url
+    from minite.tracking.jobs import _client, _experiment_id
+    from minite.tracking.store import ui_url
 
     exp_id = _experiment_id(_client(uri), experiment, uri)
     ui = ui_url(uri, exp_id)
@@ -176,7 +176,7 @@ def supervise(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minite.tracking_server", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m minite.tracking.server", description=__doc__)
     p.add_argument("--parent", type=int, required=True, help="pid to outlive no longer than")
     p.add_argument("--store", required=True)
     p.add_argument("--artifacts", required=True)

@@ -1,7 +1,7 @@
-"""Where MLflow runs go (minite.tracking logs them): the tracking URI of a job (`tracking_uri`: the
+"""Where MLflow runs go (minite.tracking.jobs logs them): the tracking URI of a job (`tracking_uri`: the
 environment, the profile, or a sqlite store under results/), the workflow's server (`wait_for_server`:
 its /health), the UI link (`ui_url`), and the file lock and retries that let several jobs write one
-local sqlite store at once (`store_lock`, `_retry`). See minite.tracking for the layout and the
+local sqlite store at once (`store_lock`, `_retry`). See minite.tracking.jobs for the layout and the
 concurrency rules.
 """
 

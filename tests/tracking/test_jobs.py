@@ -162,8 +162,8 @@ def test_system_metrics_are_logged_while_the_job_runs(server, request, monkeypat
 
 def test_a_server_that_is_not_there_is_named(monkeypatch):
     from minite.tracking import open_run
-    from minite.tracking_server import free_port
-    from minite.tracking_store import wait_for_server
+    from minite.tracking.server import free_port
+    from minite.tracking.store import wait_for_server
 
     uri = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()

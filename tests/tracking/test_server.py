@@ -1,4 +1,4 @@
-"""The workflow's tracking server (minite.tracking_server) does not outlive the process that started it:
+"""The workflow's tracking server (minite.tracking.server) does not outlive the process that started it:
 `stop` ends it, and so does that process dying by SIGKILL (no onsuccess/onerror hook runs then)."""
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ def _gone(pid: int) -> bool:
 
 
 def test_server_ends_when_its_parent_is_killed(tmp_path):
-    from minite.tracking_store import wait_for_server
+    from minite.tracking.store import wait_for_server
 
     parent = tmp_path / "parent.py"
     parent.write_text(
         textwrap.dedent(
             f"""
             import time
-            from minite import tracking_server as TS
+            from minite.tracking import server as TS
 
             TS.start({str(tmp_path / "results")!r}, "e")
             time.sleep(900)

@@ -3,7 +3,7 @@ tests/workflow/browser.py), opens an experiment logged by minite on its run tabl
 runs are listed with their source (the `minite` verb) and dataset.
 
 The link is the one the workflow prints and writes to results/<profile>/mlflow/server.json
-(minite.tracking_store.ui_url). MLflow 3.17's UI chooses the landing tab from a GenAI / model-training
+(minite.tracking.store.ui_url). MLflow 3.17's UI chooses the landing tab from a GenAI / model-training
 switch (default GenAI: the traces overview), so the link selects model training; the experiment
 also carries `mlflow.experimentKind = custom_model_development`, which MLflow 3 UIs before that
 switch read for the same choice. The screenshot is saved under the test's tmp dir (path printed).
@@ -21,7 +21,7 @@ RECIPES = ("bf16", "te_nvfp4", "minite")
 @pytest.mark.slow
 def test_ui_opens_on_the_recipes_runs(mlflow_server, tmp_path, request):
     from minite.tracking import log_run
-    from minite.tracking_store import ui_url
+    from minite.tracking.store import ui_url
 
     if find_chromium() is None:
         pytest.skip("no chromium on PATH: `bash scripts/setup_system.sh` installs Debian's chromium")
