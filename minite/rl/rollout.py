@@ -59,7 +59,7 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
             "launcher (one engine per torchrun rank: `minite train-dist`), not in one process "
             "(docs/cluster.md)"
         )
-    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
     from minite.engines.vllm.engine import VLLMSampler
 
     # vLLM starts from an HF directory that carries the recipe's quantization_config (the plugin's

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minite.configuration import ConfigError, from_dict
+from minite.engines.trainer import OptimConfig
 from minite.rl import loop
 from minite.rl.config import EvalConfig, FilterGroupsConfig, RolloutConfig, TrainConfig
 from minite.rl.grpo import GRPOConfig
@@ -21,7 +22,7 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
 
 
-def _cfg(tiny_inputs, out, *, steps=3, filter_groups=None, **grpo):
+def _cfg(tiny_inputs, out, *, steps=3, filter_groups=None, max_new_tokens=4, prompts=4, group=4, **grpo):
     return TrainConfig(
         model_dir=str(tiny_inputs["model_dir"]),
         data_dir=str(tiny_inputs["data_dir"]),
@@ -30,34 +31,44 @@ def _cfg(tiny_inputs, out, *, steps=3, filter_groups=None, **grpo):
         steps=steps,
         checkpoint_every=2,
         rollout=RolloutConfig(
-            prompts_per_step=4, max_new_tokens=4, filter_groups=filter_groups or FilterGroupsConfig()
+            prompts_per_step=prompts,
+            max_new_tokens=max_new_tokens,
+            filter_groups=filter_groups or FilterGroupsConfig(),
         ),
-        grpo=GRPOConfig(group_size=4, **grpo),
-        eval=EvalConfig(every=0, n_examples=4, max_new_tokens=4),
+        grpo=GRPOConfig(group_size=group, **grpo),
+        eval=EvalConfig(every=0, n_examples=4, max_new_tokens=max_new_tokens),
+        optim=OptimConfig(lr=1e-3),
     )
 
 
 # --- KL to the reference policy ------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_kl_on_the_tiny_profile_starts_at_zero_and_stays_finite(tiny_inputs, tmp_path):
-    """`minite train` on the tiny profile's rl section with kl_coef 0.05: the reference is the trainer
-    at step 0 bit for bit (KL exactly 0), then the policy moves away (KL > 0, finite); the gap of the
-    aligned recipe stays exactly 0; the reference's memory is reported."""
-    from minite.commands.train import main
+@pytest.fixture
+def easy_inputs(tiny_inputs, tmp_path):
+    """a+b with a, b in 0..4 answered in one token: the random tiny model gets some right, so rewards
+    differ within groups and the policy moves (with all-zero rewards nothing would, the KL included)."""
     from minite.rl.task import TaskConfig, generate, save_jsonl
 
-    # a+b with a, b in 0..4 answered in one token: the random tiny model gets some right, so rewards
-    # differ within groups and the policy moves (with all-zero rewards nothing would, KL included)
     task = TaskConfig(seed=0, n_train=20, n_eval=4, max_value=4, operators=("+",), max_operands=2)
     data = tmp_path / "data"
     data.mkdir()
     for rows, name in zip(generate(task), ("train", "eval"), strict=True):
         save_jsonl(rows, data / f"{name}.jsonl")
+    return {"model_dir": tiny_inputs["model_dir"], "data_dir": data}
+
+
+@pytest.mark.slow
+def test_kl_on_the_tiny_profile_starts_at_zero_and_stays_finite(easy_inputs, tmp_path):
+    """`minite train` on the tiny profile's rl section with kl_coef 0.05: the reference is the trainer
+    at step 0 bit for bit (KL exactly 0), then the policy moves away (KL > 0, finite); the gap of the
+    aligned recipe stays exactly 0; the reference's memory is reported."""
+    from minite.commands.train import main
+
+    data = easy_inputs["data_dir"]
     out = tmp_path / "kl"
     argv = ["--profile", str(REPO / "configs" / "tiny-builtin.yaml"), "--recipe", "minite", "--seed", "0"]
-    argv += ["--model-dir", str(tiny_inputs["model_dir"]), "--data-dir", str(data)]
+    argv += ["--model-dir", str(easy_inputs["model_dir"]), "--data-dir", str(data)]
     argv += ["--out", str(out), "--steps", "10", "--no-progress", "--set", "grpo.kl_coef=0.05"]
     argv += ["--set", "rollout.max_new_tokens=1", "--set", "eval.max_new_tokens=1", "--set", "optim.lr=0.001"]
     assert main(argv) == 0
@@ -73,13 +84,13 @@ def test_kl_on_the_tiny_profile_starts_at_zero_and_stays_finite(tiny_inputs, tmp
 
 
 @pytest.mark.slow
-def test_kl_resume_equals_uninterrupted(tiny_inputs, tmp_path):
+def test_kl_resume_equals_uninterrupted(easy_inputs, tmp_path):
     """The reference is rebuilt from model_dir on resume: every row equals an uninterrupted run's."""
-    kw = dict(kl_coef=0.1)
+    kw = dict(kl_coef=0.1, max_new_tokens=1, prompts=8, group=8)
     full, part = tmp_path / "full", tmp_path / "part"
-    loop.train(_cfg(tiny_inputs, full, steps=4, **kw), progress=False)
-    loop.train(_cfg(tiny_inputs, part, steps=2, **kw), progress=False)
-    loop.train(_cfg(tiny_inputs, part, steps=4, **kw), resume=True, progress=False)
+    loop.train(_cfg(easy_inputs, full, steps=4, **kw), progress=False)
+    loop.train(_cfg(easy_inputs, part, steps=2, **kw), progress=False)
+    loop.train(_cfg(easy_inputs, part, steps=4, **kw), resume=True, progress=False)
     a, b = _rows(full), _rows(part)
     assert [r["step"] for r in b] == [0, 1, 2, 3]
     for ra, rb in zip(a, b, strict=True):  # (the 2-step run also evaluated at its last step, step 1)
