@@ -111,8 +111,8 @@ def build_sampler(
             pad_token_id=tokenizer.pad_token_id,
         )
     if engine == "vllm":
-        from minite.engines.vllm.checkpoint import write_sampler_checkpoint
         from minite.engines.vllm.engine import VLLMSampler
+        from minite.engines.vllm.hf_export import write_sampler_checkpoint
 
         root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="minite-sampler-"))
         sdir = write_sampler_checkpoint(model_dir, root / f"sampler_{recipe.name}", recipe)

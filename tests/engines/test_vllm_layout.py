@@ -1,13 +1,9 @@
-"""Layer set and sampler checkpoint config (no vLLM needed)."""
-
-import json
+"""Which layers the vLLM plugin quantizes, and the quantization_config that names them (no vLLM needed)."""
 
 import pytest
 
-from minite.configuration import from_dict
-from minite.engines.vllm.checkpoint import write_sampler_checkpoint
-from minite.engines.vllm.layout import fused_group, module_is_quantized, module_role, quantization_config
-from minite.recipes import BF16, MINITE, TE_NVFP4, NumericsSpec
+from minite.engines.vllm.layout import fused_group, module_is_quantized, module_role
+from minite.recipes import BF16, MINITE, TE_NVFP4
 
 
 @pytest.mark.parametrize(
@@ -53,21 +49,3 @@ def test_fused_groups():
     assert fused_group("model.layers.2.mlp.experts.5.down_proj") == "model.layers.2.mlp.experts"
     assert fused_group("model.layers.2.mlp.up_proj") == "model.layers.2.mlp.gate_up_proj"
     assert fused_group("model.layers.2.mlp.gate") == "model.layers.2.mlp.gate"
-
-
-def test_write_sampler_checkpoint(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "quantization_config": {"x": 1}}))
-    (src / "model.safetensors").write_bytes(b"")
-    assert quantization_config(BF16.sampler, 4) is None
-    out = write_sampler_checkpoint(src, tmp_path / "bf16", "bf16")
-    assert "quantization_config" not in json.loads((out / "config.json").read_text())  # stale one removed
-    assert (out / "model.safetensors").is_file()
-    for recipe in (MINITE, TE_NVFP4):
-        out = write_sampler_checkpoint(src, tmp_path / recipe.name, recipe)
-        qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
-        assert qcfg["quant_method"] == "minite" and qcfg["num_hidden_layers"] == 4
-        assert from_dict(NumericsSpec, qcfg["numerics"]) == recipe.sampler
-    with pytest.raises(FileNotFoundError):
-        write_sampler_checkpoint(tmp_path / "missing", tmp_path / "x", "bf16")

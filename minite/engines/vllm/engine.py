@@ -240,7 +240,7 @@ class VLLMSampler:
             raise ConfigError(
                 f"{self.model_dir}/config.json quantization_config does not match recipe "
                 f"{self.recipe.name!r}'s sampler (found {found!r}, expected {expected!r}); "
-                "write the directory with minite.engines.vllm.checkpoint.write_sampler_checkpoint"
+                "write the directory with minite.engines.vllm.hf_export.write_sampler_checkpoint"
             )
         self.eos_ids = _eos_ids(self.model_dir, cfg)
         self._modules = self._checkpoint_modules()

@@ -18,13 +18,20 @@ import shutil
 from pathlib import Path
 
 from minite.engines.vllm.layout import quantization_config
-from minite.recipes import Recipe, get_recipe
+from minite.recipes import Recipe
 
 
-def write_sampler_checkpoint(model_dir_in: str | Path, out_dir: str | Path, recipe: Recipe | str) -> Path:
+def write_sampler_checkpoint(model_dir_in: str | Path, out_dir: str | Path, recipe: Recipe) -> Path:
     """Copy HF model dir `model_dir_in` to `out_dir` and set config.json's quantization_config for
-    `recipe`'s sampler. Returns `out_dir`."""
-    recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
+    `recipe`'s sampler. Returns `out_dir`.
+
+    `recipe` is the object the caller runs with (an ablation's overrides included), never resolved
+    again here by name: the folder vLLM starts from and the engines beside it hold one recipe."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(
+            f"write_sampler_checkpoint: recipe is {type(recipe).__name__}, not a Recipe; pass the "
+            "object the run holds (minite.recipes.get_recipe(name) for a name)"
+        )
     src, out = Path(model_dir_in), Path(out_dir)
     cfg_path = src / "config.json"
     if not cfg_path.is_file():

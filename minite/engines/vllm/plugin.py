@@ -12,7 +12,7 @@ NVFP4 recipes share one execution path and differ only in their `NumericsSpec`.
 vLLM reads the method from the checkpoint's config.json:
     "quantization_config": {"quant_method": "minite", "numerics": <NumericsSpec dict>,
                             "num_hidden_layers": L}
-(written by `minite.engines.vllm.checkpoint.write_sampler_checkpoint`). vLLM calls `register()` in
+(written by `minite.engines.vllm.hf_export.write_sampler_checkpoint`). vLLM calls `register()` in
 every process it starts (and `VLLMSampler` calls it in-process), so it must be idempotent and cheap:
 the layer methods live in `minite.engines.vllm.methods`, imported only when vLLM builds a model.
 
