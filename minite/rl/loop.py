@@ -170,7 +170,7 @@ def _restore(trainer: Trainer, ranks: Ranks, verified) -> int:
         state = load_checkpoint(verified, trainer.model, trainer.optimizer)
         _optimizer_state_to_params(trainer.optimizer)
         return int(state["step"])
-    from minite.distributed.checkpoint import load_sharded_checkpoint
+    from minite.distributed.sharded_checkpoint import load_sharded_checkpoint
 
     return int(load_sharded_checkpoint(verified, trainer.model, trainer.optimizer)["step"])
 
@@ -179,7 +179,7 @@ def _save(trainer: Trainer, ranks: Ranks, out: Path, state: dict[str, Any]) -> N
     if not ranks.data_parallel:
         _save_checkpoint(out / "checkpoint", trainer, state)
         return
-    from minite.distributed.checkpoint import save_full_checkpoint, save_sharded_checkpoint
+    from minite.distributed.sharded_checkpoint import save_full_checkpoint, save_sharded_checkpoint
 
     save_sharded_checkpoint(out / SHARDED_CHECKPOINT, trainer.model, trainer.optimizer, state)
     save_full_checkpoint(out / "checkpoint", trainer.model, state)
@@ -228,8 +228,8 @@ def sample_groups(
     if fg.enable and len(kept) < want and fg.on_exhausted == "error":
         raise RuntimeError(
             f"step {step}: dynamic sampling found {len(kept)} of rollout.prompts_per_step={want} groups with "
-            f"unequal rewards in rollout.filter_groups.max_num_gen_batches={fg.max_num_gen_batches} "
-            f"generation batches ({generated} groups); raise max_num_gen_batches, set "
+            f"unequal rewards in {batches} generation batches ({generated} groups; "
+            f"rollout.filter_groups.max_num_gen_batches={fg.max_num_gen_batches}); raise it, set "
             "filter_groups.on_exhausted: partial to train on what there is, or check that the task is "
             "neither too hard nor too easy for the model"
         )
@@ -279,7 +279,7 @@ def train(
         )
     hash_files = None
     if ranks.data_parallel:
-        from minite.distributed.checkpoint import hash_files
+        from minite.distributed.sharded_checkpoint import hash_files
     # before any compute, on every rank alike: a --resume checkpoint is found, hashed (data parallel,
     # each rank a share of the files) and checked here, then loaded below without hashing it again
     verified = check_inputs(cfg, resume=resume, sharded=ranks.data_parallel, hash_files=hash_files)
