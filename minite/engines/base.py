@@ -55,8 +55,10 @@ class Completion:
     token_ids: list[int]  # generated tokens, eos included when generation stopped on it
     logprobs: list[float]  # sampler log-prob of each generated token (same length as token_ids)
     finished: bool  # stopped on eos (False: hit max_new_tokens)
-    # Optional MoE routing record: per generated token, per layer, the selected expert ids.
-    routing: list[list[list[int]]] | None = None
+    # the MoE routing record (routing replay; `BuiltinSampler(record_routing=True)`): int16
+    # (len(prompt_ids) + len(token_ids) - 1, n_moe_layers, k), the experts the sampler routed each token
+    # of prompt + completion to, in order; the last sampled token is never fed back, so it has none
+    routing: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

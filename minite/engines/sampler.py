@@ -19,6 +19,12 @@ distribution's, log_softmax(z / T), z the fp32 logits, both from the one tensor
 (`Trainer(temperature=T)`), so an aligned recipe stays bit-identical at any T. Greedy decoding (T = 0,
 evals) reports the untempered log_softmax(z) (minite.engines.base). `score` (teacher forcing) takes a
 temperature too, 1 by default.
+
+Routing record (`record_routing`, for routing replay): every MoE router appends the experts it chose at
+each model call of `generate` (minite.nn.moe.AlignedRouter.capture): the prefill routes every prompt
+token, decode step s the token sampled at step s - 1. Each completion carries them as `routing`
+(minite.engines.base.Completion), the prompt's real tokens first (left padding dropped). The device
+loop runs eagerly while recording (a replayed CUDA graph would not run the routers' Python).
 """
 
 from __future__ import annotations
@@ -88,9 +94,11 @@ class BuiltinSampler:
         self.max_len = int(max_len)  # KV slots of a device decoder (grown when a call needs more)
         self._decoders: dict[int, Decoder] = {}  # device decode loops, one per batch size
         self.record_routing = record_routing
-        for r in routers(self.model):
-            if hasattr(r, "record"):
-                r.record = record_routing
+        self._moe_routers = [r for r in routers(self.model) if hasattr(r, "capture")]
+        if record_routing and not self._moe_routers:
+            raise ValueError(
+                "BuiltinSampler: record_routing needs a model with MoE layers (routers), this one has none"
+            )
         self.version = -1
 
     def update_weights(self, update: WeightUpdate) -> None:
@@ -122,9 +130,11 @@ class BuiltinSampler:
             return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
         stops = {self.eos, *params.stop_token_ids}
-        tokens, logps, lengths = self._decode(
-            rows, params.max_new_tokens, choose, stops, temperature=params.temperature
-        )
+        with self._capturing() as calls:
+            tokens, logps, lengths = self._decode(
+                rows, params.max_new_tokens, choose, stops, temperature=params.temperature
+            )
+        routing = self._routing_of(calls, rows, lengths) if calls is not None else None
         result: list[list[Completion]] = []
         for i, prompt in enumerate(prompts):
             group = []
@@ -133,9 +143,50 @@ class BuiltinSampler:
                 n_tok = int(lengths[r])
                 toks = tokens[r, :n_tok].tolist()
                 finished = bool(toks) and toks[-1] in stops
-                group.append(Completion(prompt, toks, logps[r, :n_tok].tolist(), finished=finished))
+                c = Completion(prompt, toks, logps[r, :n_tok].tolist(), finished=finished)
+                if routing is not None:
+                    c.routing = routing[r]
+                group.append(c)
             result.append(group)
         return result
+
+    @contextlib.contextmanager
+    def _capturing(self):
+        """With `record_routing`: yields one list per MoE layer that collects its router's choices at
+        every model call (minite.nn.moe.AlignedRouter.capture); else yields None."""
+        if not self.record_routing:
+            yield None
+            return
+        calls: list[list[torch.Tensor]] = []
+        for r in self._moe_routers:
+            r.capture = []
+            calls.append(r.capture)
+        try:
+            yield calls
+        finally:
+            for r in self._moe_routers:
+                r.capture = None
+
+    @staticmethod
+    def _routing_of(
+        calls: list[list[torch.Tensor]], rows: list[list[int]], lengths: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Per row, its routing record (len(prompt) + n_tokens - 1, n_moe_layers, k) int16: the prefill's
+        rows at the prompt's real tokens (prompts are left-padded to width P), then decode call s's row
+        (the token sampled at step s - 1) for the generated tokens that were fed back."""
+        b, width = len(rows), max(len(p) for p in rows)
+        prefill = torch.stack([c[0].view(b, width, -1) for c in calls], dim=2).cpu()  # (B, P, n, k)
+        k = prefill.shape[-1]
+        steps = [torch.stack([c[s] for c in calls], dim=1).cpu() for s in range(1, len(calls[0]))]
+        decoded = torch.stack(steps, dim=1) if steps else torch.zeros((b, 0, len(calls), k), dtype=torch.long)
+        out = []
+        for r, prompt in enumerate(rows):
+            fed = max(int(lengths[r]) - 1, 0)
+            if fed > decoded.shape[1]:
+                raise RuntimeError(f"routing record: {fed} fed tokens but {decoded.shape[1]} decode calls")
+            rec = torch.cat((prefill[r, width - len(prompt) :], decoded[r, :fed]), dim=0)
+            out.append(rec.to(torch.int16))
+        return out
 
     @torch.no_grad()
     def score(
@@ -259,7 +310,8 @@ class BuiltinSampler:
             pad=self.pad,
             stops=stops,
             limit=lengths_from,
-            use_graph=self.cuda_graphs and self.device.type == "cuda",
+            # a replayed graph skips the routers' Python, which records the routing
+            use_graph=self.cuda_graphs and self.device.type == "cuda" and not self.record_routing,
             temperature=temperature,
         )
         return tokens.cpu(), logps.cpu(), lengths.cpu()

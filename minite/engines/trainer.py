@@ -37,7 +37,7 @@ from torch import nn
 
 from minite.engines.base import Completion, temper
 from minite.engines.faults import NonFiniteError, locate_activation, nonfinite_grads, nonfinite_params
-from minite.nn.swap import apply_numerics, set_compute_dtype
+from minite.nn.swap import apply_numerics, routers, set_compute_dtype
 from minite.recipes import Recipe
 from minite.rl.grpo import GRPOConfig, LossStats, grpo_loss_sums, loss_denominator, loss_mask
 
@@ -69,6 +69,10 @@ class TokenBatch:
 
     input_ids (B, L); attention_mask (B, L); pred_index (B, T): position whose logits predict
     completion token t; targets (B, T); mask (B, T) valid completion tokens.   # B rows, L seq, T completion
+
+    routing (B, L, n_moe_layers, k) int16 or None: the experts the sampler routed each token of
+    input_ids to (routing replay; `Completion.routing`), -1 where it routed none (the last sampled
+    token, padding); the trainer's forward replays it when present (minite.nn.moe).
     """
 
     input_ids: torch.Tensor
@@ -77,6 +81,7 @@ class TokenBatch:
     targets: torch.Tensor
     mask: torch.Tensor
     sampler_logp: torch.Tensor  # (B, T)
+    routing: torch.Tensor | None = None  # (B, L, n_moe_layers, k)
 
     @classmethod
     def from_completions(cls, completions: list[Completion], pad_id: int) -> TokenBatch:
@@ -98,18 +103,69 @@ class TokenBatch:
             tgt[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
             mask[i, :n] = True
             slp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
-        return cls(ids, att, pred, tgt, mask, slp)
+        return cls(ids, att, pred, tgt, mask, slp, _routing_of(completions, seqs, width))
 
     def select(self, rows: torch.Tensor | slice) -> TokenBatch:
-        return TokenBatch(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+        return TokenBatch(*(_maybe(getattr(self, f), lambda t: t[rows]) for f in self.__dataclass_fields__))
 
     def to(self, device: torch.device | str) -> TokenBatch:
         """This batch on `device` (itself when every tensor is already there)."""
         device = torch.device(device)
         tensors = [getattr(self, f) for f in self.__dataclass_fields__]
-        if all(t.device == device for t in tensors):
+        if all(t is None or t.device == device for t in tensors):
             return self
-        return TokenBatch(*(t.to(device) for t in tensors))
+        return TokenBatch(*(_maybe(t, lambda x: x.to(device)) for t in tensors))
+
+
+def _maybe(t: torch.Tensor | None, fn):
+    return None if t is None else fn(t)
+
+
+def _routing_of(completions: list[Completion], seqs: list[list[int]], width: int) -> torch.Tensor | None:
+    """The completions' routing records as one (B, width, n_moe_layers, k) int16 tensor, -1 where none
+    (TokenBatch docstring); None when no completion carries one."""
+    recs = [c.routing for c in completions]
+    if all(r is None for r in recs):
+        return None
+    if any(r is None for r in recs):
+        raise ValueError(
+            "TokenBatch: some completions carry a routing record and some do not; a routing-replay batch "
+            "needs one for every completion (sample them all with record_routing)"
+        )
+    n, k = recs[0].shape[1:]
+    out = torch.full((len(recs), width, n, k), -1, dtype=torch.int16)
+    for i, (r, s) in enumerate(zip(recs, seqs, strict=True)):
+        if r.ndim != 3 or tuple(r.shape[1:]) != (n, k) or r.shape[0] not in (len(s) - 1, len(s)):
+            raise ValueError(
+                f"TokenBatch: completion {i}'s routing record has shape {tuple(r.shape)}; expected "
+                f"({len(s) - 1}, {n}, {k}): one row of {k} experts per MoE layer for every token of "
+                "prompt + completion but the last"
+            )
+        out[i, : r.shape[0]] = r.to(torch.int16)
+    return out
+
+
+@contextlib.contextmanager
+def _routing_replay(model: nn.Module, routing: torch.Tensor | None):
+    """For one forward of `model` on (B, L) tokens: each MoE router routes token (b, l) to the experts
+    routing[b, l, layer] (minite.nn.moe.AlignedRouter.replay). No-op when `routing` is None."""
+    if routing is None:
+        yield
+        return
+    rs = [r for r in routers(model) if hasattr(r, "replay")]
+    if routing.ndim != 4 or routing.shape[2] != len(rs):
+        raise ValueError(
+            f"routing replay: a record of shape {tuple(routing.shape)} for a model with {len(rs)} MoE "
+            "routers; expected (B, L, n_moe_layers, k) from a sampler of this model"
+        )
+    b, length = routing.shape[:2]
+    for j, r in enumerate(rs):
+        r.replay = routing[:, :, j].reshape(b * length, -1)
+    try:
+        yield
+    finally:
+        for r in rs:
+            r.replay = None
 
 
 def forward(model: nn.Module, dtype: torch.dtype = torch.bfloat16, **inputs) -> torch.Tensor:
@@ -221,10 +277,14 @@ def sequence_logprobs(
     )
     if chunk_tokens is not None:
         head = model.get_output_embeddings()
-        with _logprob_head(head, batch.pred_index, batch.targets, chunk_tokens, temperature):
+        with (
+            _logprob_head(head, batch.pred_index, batch.targets, chunk_tokens, temperature),
+            _routing_replay(model, batch.routing),
+        ):
             logp = forward(model, dtype, **inputs)  # the head's output: (B, T) log-probs
         return torch.where(batch.mask, logp, torch.zeros_like(logp))
-    logits = forward(model, dtype, **inputs)
+    with _routing_replay(model, batch.routing):
+        logits = forward(model, dtype, **inputs)
     idx = batch.pred_index[..., None].expand(-1, -1, logits.shape[-1])
     picked = temper(logits.gather(1, idx).float(), temperature)  # (B, T, V)
     logp = torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)

@@ -8,6 +8,15 @@ token's quantization does not depend on which other tokens were routed to the sa
 The router stays high precision; `fp32` computes its logits in fp32, and `deterministic` breaks top-k
 ties by the lowest expert id (a stable sort) instead of whatever the top-k kernel does.
 
+Routing replay (R3, `AlignedRouter.replay`): the trainer takes each token's experts from the sampler's
+record instead of its own top-k, and weighs them with its own router probabilities over that set,
+
+    p = softmax(logits)  (float32, over all E experts)      w_j = p[r_j] / Σ_i p[r_i]   (norm_topk_prob)
+
+r the replayed ids (without norm_topk_prob, w_j = p[r_j]). The gradient reaches the router through p,
+as in Megatron's and verl's R3. A row of -1 (a token the sampler never fed forward: the last sampled
+token, padding) is routed by the trainer's own top-k.
+
 Execution on CUDA follows `numerics.gemm` (minite/nn/functional.py): "fused" runs all experts on the
 grouped W4A4 kernels (minite.kernels.moe; without autograd, an inference forward of the same kernels
 in the same order with no host synchronization, so a decode step can be captured in a CUDA graph);
@@ -262,6 +271,9 @@ class AlignedRouter(nn.Module):
     """Qwen3-MoE top-k router with optional fp32 logits and deterministic tie-breaking.
 
     Records the selected experts of the last call in `last_topk` when `record` is set (diagnostics).
+    `capture` (a list): every call appends its selected experts (T, k) (the built-in sampler's routing
+    record). `replay` (T, k) int64: route the call's T tokens to these experts (routing replay, module
+    docstring); None (the default) leaves routing untouched.
     """
 
     def __init__(self, router: nn.Module, fp32: bool, deterministic: bool) -> None:
@@ -275,6 +287,8 @@ class AlignedRouter(nn.Module):
         self.record = False
         self.last_topk: torch.Tensor | None = None
         self.last_probs: torch.Tensor | None = None
+        self.capture: list[torch.Tensor] | None = None
+        self.replay: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor):
         h = hidden_states.reshape(-1, self.hidden_dim)
@@ -282,11 +296,39 @@ class AlignedRouter(nn.Module):
             logits = router_logits_fp32(h, self.weight)  # one summation order for every batch size
         else:
             logits = F.linear(h, self.weight)
-        top_v, top_i = route_topk(logits, self.top_k, self.norm_topk_prob, self.deterministic)
+        if self.replay is None:
+            top_v, top_i = route_topk(logits, self.top_k, self.norm_topk_prob, self.deterministic)
+        else:
+            top_v, top_i = self._replayed(logits)
+        if self.capture is not None:
+            self.capture.append(top_i.detach().clone())
         if self.record:
             self.last_topk = top_i.detach().clone()
             self.last_probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.float32)
         return logits, top_v.to(logits.dtype), top_i
+
+    def _replayed(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 (T, k), ids int64 (T, k)): the replayed experts weighed by this router's own
+        probabilities over them (module docstring); rows of -1 take this router's own top-k."""
+        ids = self.replay
+        if ids.shape != (logits.shape[0], self.top_k):
+            raise ValueError(
+                f"routing replay: {tuple(ids.shape)} expert ids for {logits.shape[0]} tokens x top_k "
+                f"{self.top_k}; the record must hold top_k ids for every token of the forward"
+            )
+        ids = ids.to(device=logits.device, dtype=torch.long)
+        own = (ids < 0).any(-1)
+        if bool(own.any()):
+            _, own_ids = route_topk(logits, self.top_k, self.norm_topk_prob, self.deterministic)
+            ids = torch.where(own[:, None], own_ids, ids)
+        if bool((ids >= self.num_experts).any()):
+            raise ValueError(
+                f"routing replay: expert id {int(ids.max())} out of range for {self.num_experts} experts"
+            )
+        vals = torch.softmax(logits, dim=-1, dtype=torch.float32).gather(-1, ids)
+        if self.norm_topk_prob:
+            vals = vals / vals.sum(dim=-1, keepdim=True)
+        return vals, ids
 
 
 class FP32RMSNorm(nn.Module):

@@ -1,7 +1,8 @@
 """Checks of an RL run's inputs before anything is built or computed (`check_inputs`): the model folder, the
 data files and every row's reward, the tokenizer against the model's vocabulary, the chat template,
-model dims that NVFP4's 16-element blocks need under a quantized recipe (`check_model_dims`), and a
---resume checkpoint (verified, of this recipe). Each failure names the file, key or row and the fix."""
+model dims that NVFP4's 16-element blocks need under a quantized recipe (`check_model_dims`), MoE
+layers for routing replay (`check_routing_replay`), and a --resume checkpoint (verified, of this
+recipe). Each failure names the file, key or row and the fix."""
 
 from __future__ import annotations
 
@@ -93,6 +94,29 @@ def check_model_dims(model_config: Any, recipe, where: str) -> None:
             )
 
 
+def moe_layers(model_config: Any) -> int:
+    """How many decoder layers of a (Qwen3-MoE style) transformers config route to experts: those not in
+    `mlp_only_layers` whose (index + 1) is a multiple of `decoder_sparse_step`, when num_experts > 0."""
+    if int(getattr(model_config, "num_experts", 0) or 0) <= 0:
+        return 0
+    dense = set(getattr(model_config, "mlp_only_layers", None) or [])
+    step = int(getattr(model_config, "decoder_sparse_step", 1) or 1)
+    n = int(getattr(model_config, "num_hidden_layers", 0) or 0)
+    return sum(1 for i in range(n) if i not in dense and (i + 1) % step == 0)
+
+
+def check_routing_replay(cfg: TrainConfig, model_config: Any, where: str) -> None:
+    """`routing_replay` needs MoE layers to replay (and a sampler that records them: TrainConfig)."""
+    if cfg.routing_replay and moe_layers(model_config) == 0:
+        experts = getattr(model_config, "num_experts", None)
+        kind = getattr(model_config, "model_type", None)
+        raise ConfigError(
+            f"{where}: routing_replay: true, but this model has no MoE layers (num_experts={experts}, "
+            f"model_type={kind!r}), so there is no routing to replay; set routing_replay: false, or use "
+            "a Qwen3-MoE model"
+        )
+
+
 def check_inputs(
     cfg: TrainConfig,
     *,
@@ -130,6 +154,7 @@ def check_inputs(
             f"{md / 'config.json'}: not a readable model config ({e}); re-save the model"
         ) from e
     check_model_dims(model_config, recipe, where=str(md / "config.json"))
+    check_routing_replay(cfg, model_config, where=str(md / "config.json"))
     tp = cfg.sampler.tensor_parallel_size
     if cfg.sampler.engine == "vllm" and tp > 1 and recipe.sampler.quantized:
         raise ConfigError(

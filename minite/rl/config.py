@@ -163,9 +163,21 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # routing replay (R3): the sampler records every token's experts per MoE layer and the trainer's
+    # forward routes each token to them, gate weights from its own router over that set
+    # (minite.nn.moe). Built-in sampler engine only; the model must have MoE layers
+    # (minite.rl.checks)
+    routing_replay: bool = False
 
     def __post_init__(self) -> None:
         check_device(self.device)
+        if self.routing_replay and self.sampler.engine != "builtin":
+            raise ConfigError(
+                f"routing_replay: true needs sampler.engine 'builtin', got {self.sampler.engine!r}: minite's "
+                "vLLM plugin does not return the experts it routed to (vLLM's enable_return_routed_experts "
+                "needs its GPU model runner V2 and vLLM's own router, docs/library.md); set "
+                "sampler.engine: builtin, or routing_replay: false"
+            )
         _at_least(
             1,
             steps=self.steps,
