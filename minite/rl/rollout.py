@@ -47,20 +47,25 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
             pad_token_id=tokenizer.pad_token_id,
             device=device if device is not None else resolve_device(cfg.device),
             max_len=cfg.sampler.max_model_len,
+            record_routing=cfg.routing_replay,  # every completion carries its experts (routing replay)
         )
         if cfg.sampler.logit_noise > 0:
             from minite.engines.noise import LogitNoiseSampler
 
             return LogitNoiseSampler(sampler, cfg.sampler.logit_noise)
         return sampler
+    if cfg.routing_replay:  # TrainConfig refuses it too: said again for a config built around it
+        raise ConfigError(
+            "routing_replay needs sampler.engine 'builtin' (the vLLM plugin does not return routed experts)"
+        )
     if cfg.sampler.data_parallel_size > 1:
         raise ConfigError(
             "sampler.data_parallel_size > 1: vLLM runs offline data parallelism only under an external "
             "launcher (one engine per torchrun rank: `minite train-dist`), not in one process "
             "(docs/cluster.md)"
         )
-    from minite.engines.vllm.hf_export import write_sampler_checkpoint
     from minite.engines.vllm.engine import VLLMSampler
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
 
     # vLLM starts from an HF directory that carries the recipe's quantization_config (the plugin's
     # switch); the weights in it are replaced by the first weight sync before any generation
