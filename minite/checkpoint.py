@@ -126,7 +126,7 @@ def verify_checkpoint(
 ) -> dict[str, str]:
     """Check every file against manifest.json; raise CheckpointError naming the first one missing or
     corrupted. `hash_files` gives {name: sha256} of a list of files; the sharded checkpoint
-    (minite.distributed.checkpoint) splits that work over the ranks, so all of them raise or none."""
+    (minite.distributed.sharded_checkpoint) splits that work over the ranks, so all of them raise or none."""
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.is_file():

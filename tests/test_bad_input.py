@@ -127,7 +127,7 @@ class Inputs:
         import torch
         import torch.distributed as dist
 
-        from minite.distributed.checkpoint import save_sharded_checkpoint
+        from minite.distributed.sharded_checkpoint import save_sharded_checkpoint
 
         model = torch.nn.Linear(16, 16)
         with one_rank():
@@ -305,7 +305,7 @@ CASES: list[Case] = [
     Case(
         "train-nan-temperature",
         lambda i: i.train(rollout={"temperature": float("nan")}),
-        ("run.yaml.rollout", "temperature must be a finite number >= 0", "got nan"),
+        ("run.yaml.rollout", "rollout.temperature must be a finite number > 0", "got nan"),
     ),
     Case(
         "train-too-few-examples",

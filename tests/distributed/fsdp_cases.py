@@ -152,7 +152,7 @@ def rank_worker(
 
 def _checkpoint_roundtrip(tr, recipe, optim, grpo, out: Path, rank: int) -> None:
     """Sharded save, load into a fresh sharded trainer: same shards, same optimizer state."""
-    from minite.distributed.checkpoint import (
+    from minite.distributed.sharded_checkpoint import (
         load_sharded_checkpoint,
         save_full_checkpoint,
         save_sharded_checkpoint,
