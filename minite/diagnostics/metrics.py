@@ -1,6 +1,6 @@
 """Trainer/sampler mismatch metrics over the log-probs of the sampled tokens.
 
-Notation (DESIGN.md, "Mismatch metrics"). For every valid completion token i (``mask`` true):
+Notation (docs/design.md, "Mismatch metrics"). For every valid completion token i (``mask`` true):
 
     lp_t[i]  trainer log-prob of the sampled token (the learner's recompute)
     lp_s[i]  sampler log-prob of the same token (what the rollout engine reported)

@@ -38,16 +38,19 @@ from minite.configuration import ConfigError
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process in the job: `rank` of `world` on `device`. World size 1 is the one-process job
-    (no process group; every collective is the identity)."""
+    """This process in the job: `rank` of `world` on `device`, in a process group (`minite train-dist`,
+    torchrun) or not (`minite train`: one process, every collective the identity). A group of one rank
+    is still data parallel: FSDP2 learner, sharded checkpoints, so its job can resume on any number of
+    ranks."""
 
     rank: int = 0
     world: int = 1
     device: torch.device | None = None
+    in_group: bool = False
 
     @property
     def data_parallel(self) -> bool:
-        return self.world > 1
+        return self.in_group
 
     @property
     def lead(self) -> bool:
@@ -60,7 +63,7 @@ class Ranks:
         if not (dist.is_available() and dist.is_initialized()):
             return cls()
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        return cls(dist.get_rank(), dist.get_world_size(), device or torch.device("cpu"))
+        return cls(dist.get_rank(), dist.get_world_size(), device or torch.device("cpu"), in_group=True)
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
