@@ -174,9 +174,9 @@ class TrainConfig:
         if self.routing_replay and self.sampler.engine != "builtin":
             raise ConfigError(
                 f"routing_replay: true needs sampler.engine 'builtin', got {self.sampler.engine!r}: minite's "
-                "vLLM plugin does not return the experts it routed to (vLLM's enable_return_routed_experts "
-                "needs its GPU model runner V2 and vLLM's own router, docs/library.md); set "
-                "sampler.engine: builtin, or routing_replay: false"
+                "vLLM sampler does not return the experts it routed to (vLLM's enable_return_routed_experts "
+                "needs its Model Runner V2, which needs Triton, and vLLM's own routers; docs/library.md); "
+                "set sampler.engine: builtin, or routing_replay: false"
             )
         _at_least(
             1,

@@ -214,3 +214,24 @@ def test_recording_needs_moe_routers():
     cfg = build_tiny_config(num_hidden_layers=2, mlp_only_layers=[0, 1])  # every layer a dense MLP
     with pytest.raises(ValueError, match="record_routing needs a model with MoE layers"):
         BuiltinSampler(cfg, get_recipe("bf16"), eos_token_id=EOS, pad_token_id=PAD, record_routing=True)
+
+
+def test_the_device_decode_loop_records_the_same_routing():
+    """minite.engines.decode's loop (eager off CUDA; graphs are off while recording) records what the
+    CPU loop records: the same prefill and decode calls, the same rows."""
+    trainer, dynamic = _engines("bf16")
+    static = BuiltinSampler(
+        trainer.model.config,
+        get_recipe("bf16"),
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        record_routing=True,
+        decode_loop="static",
+    )
+    static.update_weights(export_weights(trainer.model, get_recipe("bf16"), version=0))
+    params = SamplingParams(n=2, max_new_tokens=6, seed=5)
+    a = [c for g in dynamic.generate(PROMPTS, params) for c in g]
+    b = [c for g in static.generate(PROMPTS, params) for c in g]
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        assert torch.equal(x.routing, y.routing)
