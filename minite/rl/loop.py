@@ -277,6 +277,12 @@ def train(
             f"rollout.prompts_per_step × grpo.group_size = {rows} rows do not split over {ranks.world} "
             "ranks; make their product a multiple of the number of ranks"
         )
+    if cfg.routing_replay and activation_checkpointing:
+        # the recomputed layers would route afresh in the backward, after the replay's forward is over
+        raise ConfigError(
+            "routing_replay with activation checkpointing: the backward's recomputed layers would not "
+            "replay the sampler's experts; drop --activation-checkpointing, or set routing_replay: false"
+        )
     hash_files = None
     if ranks.data_parallel:
         from minite.distributed.sharded_checkpoint import hash_files

@@ -103,3 +103,11 @@ def test_profile_key_reaches_the_train_config():
         tc = from_dict(TrainConfig, {**spec["rl"], "model_dir": "", "data_dir": "", "out_dir": ""})
         assert tc.routing_replay and tc.sampler.engine == "builtin"
     assert resolve_run(cfg, "te_nvfp4")["rl"].get("routing_replay", False) is False
+
+
+def test_routing_replay_with_activation_checkpointing_is_refused(tiny_inputs, tmp_path):
+    """Recomputed layers would route afresh in the backward, after the replay's forward."""
+    out = tmp_path / "ac"
+    with pytest.raises(ConfigError, match="activation checkpointing"):
+        train(_cfg(tiny_inputs, out, "bf16", True), progress=False, activation_checkpointing=True)
+    assert not out.exists()
