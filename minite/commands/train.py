@@ -37,7 +37,7 @@ def build_config(args: argparse.Namespace):
 
 
 def parser(prog: str = "minite train", description: str | None = __doc__) -> argparse.ArgumentParser:
-    """The arguments of `minite train`, which `minite train-dist` (minite.distributed.run) shares."""
+    """The arguments of `minite train`, which `minite train-dist` shares (distributed.torchrun_entry)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--config", help="train config YAML (all fields of TrainConfig)")

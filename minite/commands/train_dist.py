@@ -3,7 +3,7 @@
     minite train-dist --nproc-per-node 8 --config train.yaml --recipe minite --seed 0 \\
         --model-dir base_model --data-dir data --out results/run
 
-starts `torchrun --standalone --nproc-per-node N -m minite.distributed.run <the other args>` (one
+starts `torchrun --standalone --nproc-per-node N -m minite.distributed.torchrun_entry <the other args>` (one
 process per GPU; gloo on CPU). Across nodes, call torchrun yourself with --nnodes/--rdzv-endpoint (or
 `srun torchrun ...` under SLURM, docs/cluster.md). Inside a torchrun job (RANK set) it runs the rank
 directly.
@@ -18,7 +18,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     if "RANK" in os.environ:  # already launched by torchrun
-        from minite.distributed.run import main as run_main
+        from minite.distributed.torchrun_entry import main as run_main
 
         return run_main(argv)
     nproc, rest, i = None, [], 0
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
             continue
         if a in ("-h", "--help"):
             print(__doc__)
-            from minite.distributed.run import parser
+            from minite.distributed.torchrun_entry import parser
 
             parser().print_help()
             return 0
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     if nproc is None:
         nproc = "gpu" if _has_cuda() else "2"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd += ["-m", "minite.distributed.run", *rest]
+    cmd += ["-m", "minite.distributed.torchrun_entry", *rest]
     return subprocess.call(cmd)
 
 

@@ -1,7 +1,7 @@
 """One rank of `minite train-dist`: the GRPO loop of `minite train` (minite.rl.loop.train, the same
 function) with the FSDP2 learner on N processes.
 
-    torchrun --nproc-per-node N -m minite.distributed.run --config train.yaml --recipe minite \\
+    torchrun --nproc-per-node N -m minite.distributed.torchrun_entry --config train.yaml --recipe minite \\
         --seed 0 --model-dir base_model --data-dir data --out results/run   # the args of `minite train`
     minite train-dist --nproc-per-node N <the same args>                   # the same, one node
 
@@ -22,7 +22,7 @@ import torch.distributed as dist
 def parser() -> argparse.ArgumentParser:
     from minite.commands.train import parser as train_parser
 
-    p = train_parser("minite.distributed.run", __doc__)
+    p = train_parser("minite.distributed.torchrun_entry", __doc__)
     p.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute each decoder layer in the backward"
     )
