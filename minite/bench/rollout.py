@@ -27,7 +27,7 @@ for that batch, NVFP4 = 4.5 bits/element with its E4M3 block scales, bf16 = 16; 
 router and the KV cache) over the device copy bandwidth measured in the same process. Every recipe runs
 in one process on the same prompts; the ratios to bf16 come from those times.
 
-`--engine vllm` (with `--model-dir` only): the recipe's vLLM engine (minite.runs.build_sampler, weights
+`--engine vllm` (with `--model-dir` only): the recipe's vLLM engine (minite.rl.reopen.build_sampler, weights
 synced from the trainer-side policy), timed end to end per batch size: `generate` on the same random
 prompts at temperature 1 (vLLM may stop early at EOS; only generated tokens are counted). It reports
 generated tokens/s only (no decode-step split).
@@ -104,7 +104,7 @@ def build_sampler(
     finally:
         torch.set_default_dtype(prev)
     if model_dir is not None:
-        from minite.runs import load_policy, sync
+        from minite.rl.reopen import load_policy, sync
 
         sync(sampler, load_policy(model_dir, recipe, seed=seed), recipe)
         release()  # the fp32 policy
@@ -258,12 +258,12 @@ def measure_engine(
     log: Callable[[str], None] = print,
     gpu_memory_utilization: float | None = None,
 ) -> dict[str, Any]:
-    """Generated tokens/s of the recipe's `engine` (minite.runs.build_sampler) end to end, per batch
+    """Generated tokens/s of the recipe's `engine` (minite.rl.reopen.build_sampler) end to end, per batch
     size: `generate` on random prompts at temperature 1 (the engine may stop a row early at EOS).
     `gpu_memory_utilization`: vLLM's share (None: derived, minite.engines.vllm.memory)."""
     from minite.engines.base import SamplingParams
-    from minite.runs import build_sampler as build_engine
-    from minite.runs import load_policy, sync
+    from minite.rl.reopen import build_sampler as build_engine
+    from minite.rl.reopen import load_policy, sync
 
     t0 = time.perf_counter()
     sampler = build_engine(

@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
         rc: dict[str, Any] = {}
         run_dir = None
         if args.run:
-            from minite.runs import read_run_config, run_checkpoint
+            from minite.rl.reopen import read_run_config, run_checkpoint
 
             run_dir = _resolve_run(args.run, args.mlflow_experiment, args.mlflow_uri)
             rc = read_run_config(run_dir)

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
 
     def go() -> int:
         from minite.evals.harness import run_lm_eval
-        from minite.runs import read_run_config
+        from minite.rl.reopen import read_run_config
         from minite.tracking import job_run, run_identity
 
         tasks = parse_tasks(args.tasks)

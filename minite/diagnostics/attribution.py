@@ -185,7 +185,7 @@ def score_pair(
 def _vllm_score(recipe: Recipe, policy, completions, model_dir, max_model_len: int) -> list[list[float]]:
     import tempfile
 
-    from minite.runs import build_sampler
+    from minite.rl.reopen import build_sampler
 
     if model_dir is None:
         raise ValueError("attribution on vLLM needs model_dir (the engine starts from its config)")

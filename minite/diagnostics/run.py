@@ -106,8 +106,8 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
     from minite.recipes import get_recipe
     from minite.rl.data import read_examples
     from minite.rl.prompts import encode_prompt, stop_token_ids
+    from minite.rl.reopen import build_sampler, load_trainer, sync
     from minite.rl.rewards import completion_text, score_completions
-    from minite.runs import build_sampler, load_trainer, sync
 
     recipe = recipe or get_recipe(cfg.recipe)
     torch.manual_seed(cfg.seed)

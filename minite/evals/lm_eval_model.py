@@ -80,7 +80,7 @@ class MiniteLM(LM):
         from transformers import AutoTokenizer
 
         from minite.recipes import get_recipe
-        from minite.runs import build_sampler, load_policy, read_run_config, run_checkpoint, sync
+        from minite.rl.reopen import build_sampler, load_policy, read_run_config, run_checkpoint, sync
 
         run_cfg = read_run_config(run) if run else {}
         model_dir = model_dir or run_cfg.get("model_dir")

@@ -223,9 +223,9 @@ def test_rollout_on_a_model_dir(tiny_inputs, tmp_path):
 
 
 def test_rollout_through_an_engine(tiny_inputs, tmp_path, monkeypatch):
-    """`--engine vllm` times the recipe's engine (minite.runs.build_sampler) end to end; here a stand-in
+    """`--engine vllm` times the recipe's engine (minite.rl.reopen.build_sampler) end to end; here a stand-in
     engine that returns `max_new_tokens` tokens per row, weights synced from the model folder's policy."""
-    import minite.runs
+    import minite.rl.reopen
     from minite.engines.base import Completion
 
     calls = {"weights": 0}
@@ -247,7 +247,7 @@ def test_rollout_through_an_engine(tiny_inputs, tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(minite.runs, "build_sampler", lambda engine, *a, **k: Engine())
+    monkeypatch.setattr(minite.rl.reopen, "build_sampler", lambda engine, *a, **k: Engine())
     out = tmp_path / "rollout.json"
     argv = ["bench", "rollout", "--engine", "vllm", "--model-dir", str(tiny_inputs["model_dir"])]
     argv += ["--recipes", "bf16", "minite", "--batch-sizes", "1", "3", "--prompt-len", "4"]

@@ -22,7 +22,7 @@ def pair(tiny_inputs, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from minite.recipes import MINITE
-    from minite.runs import build_sampler, load_trainer, sync
+    from minite.rl.reopen import build_sampler, load_trainer, sync
 
     model_dir = tiny_inputs["model_dir"]
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -83,7 +83,7 @@ def test_fault_planted_in_vllm_only_is_located(pair, module, param, site):
     from minite.diagnostics.quant_stats import weight_stats
     from minite.diagnostics.vllm_trace import vllm_quantized_weights, vllm_trace
     from minite.recipes import MINITE
-    from minite.runs import sync
+    from minite.rl.reopen import sync
 
     trainer, sampler = pair
     ids, mask = _batch(trainer.model.config.vocab_size, seed=1)
