@@ -1,0 +1,130 @@
+"""The claims on one H200: the claims-h200 profile meets what the experiment needs (a Qwen3-MoE of
+>= 150 M parameters with >= 32 experts top-4, completions of 64+ tokens, the 2x2 arms and the positive
+control, on the GPU with the built-in engine), `snakemake -n` plans it, and scripts/gpu/claims_h200.sh
+runs end to end at its CPU miniature (MINI=1): every run finishes, at most 8 files come back, the packed
+records validate and pool in `minite claims --ledger`."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from minite.profiles import load_profile, run_names, run_seeds
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu" / "claims_h200.sh"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_profile("claims-h200")
+
+
+def test_profile_model_is_a_routing_moe_of_150m_parameters(cfg):
+    import torch
+    from transformers import Qwen3MoeForCausalLM
+
+    from minite.models.tiny import build_tiny_config, check_nvfp4_dims
+
+    assert cfg["prepare"]["kind"] == "tiny"
+    mcfg = build_tiny_config(**cfg["prepare"]["model"])
+    check_nvfp4_dims(mcfg)
+    with torch.device("meta"):  # sizes only, no memory
+        n = sum(p.numel() for p in Qwen3MoeForCausalLM(mcfg).parameters())
+    assert n >= 150e6, n
+    assert mcfg.num_experts >= 32 and mcfg.num_experts_per_tok >= 4
+    assert not mcfg.mlp_only_layers  # every layer routes
+
+
+def test_profile_completions_are_64_tokens_and_fit_the_sampler(cfg):
+    from minite.models.tokenizer import build_tokenizer, encode_completion, encode_prompt
+    from minite.rl.formats import make_splits
+    from minite.rl.task import TaskConfig
+
+    task = TaskConfig(**cfg["prepare"]["task"])
+    assert task.format == "scratchpad"
+    train, _ = make_splits(replace(task, n_train=500, n_eval=50))
+    tok = build_tokenizer()
+    lengths = [len(encode_completion(tok, e.completion)) for e in train]
+    prompts = [len(encode_prompt(tok, e.prompt)) for e in train]
+    assert statistics.median(lengths) >= 64, statistics.median(lengths)
+    rl = cfg["rl"]
+    # no completion is cut by the sampler, in RL, in the in-loop eval or in lm-eval
+    assert rl["rollout"]["max_new_tokens"] >= max(lengths)
+    assert rl["eval"]["max_new_tokens"] >= max(lengths) and cfg["eval"]["max_gen_toks"] >= max(lengths)
+    assert rl["sampler"]["max_model_len"] >= max(prompts) + rl["rollout"]["max_new_tokens"]
+    sft = cfg["prepare"]["sft"]
+    assert sft["device"] == "cuda" and 0 < sft["acc_band"][0] < sft["acc_band"][1] < 1
+
+
+def test_profile_runs_the_claims_arms_on_the_gpu(cfg):
+    arms = run_names(cfg)
+    claims = cfg["claims"]
+    for role in ("baseline", "aligned_bf16", "naive", "aligned"):
+        assert claims[role] in arms
+    assert claims["positive_control"] and set(claims["positive_control"]) <= set(arms)
+    assert all(len(run_seeds(cfg, a)) >= claims["min_seeds"] for a in arms)
+    assert cfg["rl"]["device"] == "cuda" and cfg["rl"]["sampler"]["engine"] == "builtin"
+
+
+@pytest.mark.slow
+def test_snakemake_plans_the_profile(cfg, workdir):
+    from tests.workflow.workflow_helpers import planned_jobs, snakemake
+
+    res = snakemake("-n", "--config", "profile=claims-h200", workdir=workdir, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    jobs = Counter(rule for rule, _ in planned_jobs(res.stdout))
+    assert jobs["rl"] == sum(len(run_seeds(cfg, r)) for r in run_names(cfg))
+    assert jobs["claims"] == 1
+
+
+@pytest.mark.slow
+def test_the_script_at_its_cpu_miniature_packs_records_that_pool(cfg, tmp_path):
+    from minite.rl.ledger import validate_record
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "MINI": "1", "OUT": str(out), "WORK": str(work), "PYTHON": sys.executable}
+    res = subprocess.run(
+        ["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all((out / f).stat().st_size <= 16 * 1024 * 1024 for f in files)
+    report = json.loads((out / "claims_h200.json").read_text())
+    arms = run_names(cfg)
+    assert report["arms"] == arms and report["concurrency"]["n"] == 2
+    assert report["concurrency"]["runs_per_min"] > 0 and report["arm_wall_s"]
+    statuses = {(r["arm"], r["seed"]): r.get("status") for r in report["runs"]}
+    assert statuses == {(a, 0): "finished" for a in arms}, statuses
+    assert report["complete_seeds"] == [0]
+
+    # back home: the tar unpacks into results/ (ledger/<name>/... and <name>/runs/...)
+    home = tmp_path / "results"
+    with tarfile.open(out / "claims_h200_ledger.tar.gz") as tar:
+        tar.extractall(home, filter="data")
+    records = sorted((home / "ledger" / "claims-h200-mini").glob("*/seed*.json"))
+    assert len(records) == len(arms)
+    for f in records:
+        rec = validate_record(json.loads(f.read_text()), str(f))
+        assert rec["profile"] == "claims-h200-mini" and rec["device_kind"] == "cpu"
+        assert rec["config"]["steps"] == len(rec["metrics"]["step"]) == 2
+
+    claims = {k: v for k, v in cfg["claims"].items() if k not in ("ledger", "record")}
+    res = subprocess.run(
+        [sys.executable, "-m", "minite.cli", "claims", "--ledger", str(home / "ledger"), "--runs",
+         str(home / "claims-h200-mini" / "runs"), "--profile", "claims-h200-mini", "--claims",
+         json.dumps(claims), "--out", str(tmp_path / "claims"), "--formats", "png", "--dpi", "40"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    pooled = json.loads((tmp_path / "claims" / "claims.json").read_text())
+    assert {(p["arm"], tuple(p["seeds"])) for p in pooled["provenance"]} == {(a, (0,)) for a in arms}
