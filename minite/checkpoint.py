@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from minite.faultinject import maybe_kill
+from minite.testing.fault_injection import maybe_kill
 
 
 class CheckpointError(RuntimeError):
@@ -80,7 +80,7 @@ def write_checkpoint_dir(
     for i, (name, tensors) in enumerate(files.items()):
         save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp / name)
         if i == 0:
-            maybe_kill("checkpoint_write")  # test hook (minite/faultinject.py): <dir>.tmp half written
+            maybe_kill("checkpoint_write")  # test hook (fault_injection): <dir>.tmp half written
     (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
     manifest = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -102,7 +102,7 @@ def swap_in(tmp: Path, path: Path) -> None:
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
         path.rename(old)
-    maybe_kill("checkpoint_swap")  # test hook (minite/faultinject.py): between the two renames
+    maybe_kill("checkpoint_swap")  # test hook (fault_injection): between the two renames
     tmp.rename(path)
     _fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)

@@ -65,7 +65,6 @@ from minite.engines.base import Completion
 from minite.engines.device import resolve_device
 from minite.engines.faults import NonFiniteError
 from minite.engines.trainer import TokenBatch, Trainer
-from minite.faultinject import maybe_kill
 from minite.recipes import Recipe, get_recipe
 from minite.rl.checks import SHARDED_CHECKPOINT, check_inputs
 from minite.rl.config import TrainConfig
@@ -86,6 +85,7 @@ from minite.rl.rollout import (  # noqa: F401  (make_sampler, evaluate_accuracy:
     make_sampler,
     step_prompts,
 )
+from minite.testing.fault_injection import maybe_kill
 
 
 def _optimizer_state_to_params(optimizer: torch.optim.Optimizer) -> None:
@@ -386,7 +386,7 @@ def train(
                     micro_batch=cfg.micro_batch,
                     logp_ref=logp_ref,
                 )
-                maybe_kill("step")  # test hook (minite/faultinject.py): updated, nothing logged or saved
+                maybe_kill("step")  # test hook (fault_injection): updated, nothing logged or saved
             except NonFiniteError as err:
                 if lead:
                     event = {"step": step, "action": cfg.on_nonfinite, **err.event}

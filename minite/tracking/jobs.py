@@ -50,7 +50,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from minite.faultinject import maybe_kill
+from minite.testing.fault_injection import maybe_kill
 from minite.tracking.store import (
     STORE_ENV,
     _retry,
@@ -303,7 +303,7 @@ class JobRun:
     def log_step(self, record: dict[str, Any]) -> None:
         """One metrics.jsonl record (the GRPO loop's `log_fn`): its numbers at its step."""
         self.log_series(step_metrics(record))
-        maybe_kill("mlflow_log")  # test hook (minite/faultinject.py): handed to MLflow, maybe not sent
+        maybe_kill("mlflow_log")  # test hook (fault_injection): handed to MLflow, maybe not sent
 
     def log_datasets(self, files: Iterable[tuple[str | Path, str]]) -> None:
         """Dataset inputs: (JSONL file, context), e.g. (train.jsonl, "training")."""

@@ -15,8 +15,8 @@ import yaml
 from safetensors.torch import load_file
 
 from minite.checkpoint import find_checkpoint, load_checkpoint, verify_checkpoint
-from minite.faultinject import ENV as FAULT_ENV
 from minite.models.tiny import build_tiny_model
+from minite.testing.fault_injection import ENV as FAULT_ENV
 
 CFG = {
     "steps": 2,

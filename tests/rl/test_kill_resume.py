@@ -1,8 +1,8 @@
 """Process faults: `minite train` killed with SIGKILL, then `minite train --resume`, ends exactly where an
 uninterrupted run with the same seed ends.
 
-The kills are real: MINITE_FAULT_INJECT (minite/faultinject.py) makes the `minite train` subprocess
-send itself SIGKILL at a named point of the code (mid-step, inside a checkpoint write, between the
+The kills are real: MINITE_FAULT_INJECT (minite/testing/fault_injection.py) makes the `minite train`
+subprocess send itself SIGKILL at a named point of the code (mid-step, inside a checkpoint write, between the
 two renames of a checkpoint swap, inside the live MLflow logging of a step): no `finally`, no
 atexit, no flush. The MLflow runs go to a real `mlflow server` (tests/mlflow_server.py): the killed
 job's run is RUNNING with the steps it streamed, and the resume continues that same run. After each
@@ -30,7 +30,7 @@ import yaml
 from safetensors.torch import load_file
 
 from minite.checkpoint import find_checkpoint, verify_checkpoint
-from minite.faultinject import ENV as FAULT_ENV
+from minite.testing.fault_injection import ENV as FAULT_ENV
 from tests.mlflow_server import tags_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,7 +236,7 @@ def test_kill_during_mlflow_logging_then_resume(inputs, reference, mlflow_server
 
 
 def test_fault_spec_is_validated(monkeypatch):
-    from minite.faultinject import maybe_kill, parse
+    from minite.testing.fault_injection import maybe_kill, parse
 
     assert parse("step:3, mlflow_log:1") == {"step": 3, "mlflow_log": 1}
     for bad in ("stepp:1", "step:0", "step", "step:x"):

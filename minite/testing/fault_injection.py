@@ -54,7 +54,7 @@ def maybe_kill(point: str) -> None:
     if not spec:
         return
     if point not in POINTS:
-        raise ValueError(f"faultinject: unknown point {point!r}; known: {', '.join(POINTS)}")
+        raise ValueError(f"fault_injection: unknown point {point!r}; known: {', '.join(POINTS)}")
     n = parse(spec).get(point)
     if n is None:
         return
