@@ -91,8 +91,8 @@ def main(argv: list[str]) -> int:
     def go() -> int:
         from minite.commands.eval import check_share
         from minite.configuration import from_dict
+        from minite.diagnostics.diagnosis import DiagnoseConfig, diagnose
         from minite.diagnostics.report import write_report
-        from minite.diagnostics.run import DiagnoseConfig, diagnose
         from minite.rl.prompts import PromptConfig
         from minite.rl.rewards import RewardConfig
         from minite.tracking import job_run, run_identity, write_run_ref

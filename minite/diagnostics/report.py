@@ -1,4 +1,4 @@
-"""Render a diagnosis (minite.diagnostics.run) as Markdown + HTML with plots."""
+"""Render a diagnosis (minite.diagnostics.diagnosis) as Markdown + HTML with plots."""
 
 from __future__ import annotations
 

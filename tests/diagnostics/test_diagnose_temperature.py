@@ -1,4 +1,4 @@
-"""`minite diagnose` at a sampling temperature other than 1 (minite/diagnostics/run.py): the recompute
+"""`minite diagnose` at a sampling temperature other than 1 (minite/diagnostics/diagnosis.py): the recompute
 runs at the sampling temperature, so the minite recipe's token gap stays exactly 0 and its
 full-vocabulary divergence (of the tempered distributions) is 0 as well; a bad temperature is refused
 before any compute."""
@@ -11,7 +11,7 @@ import pytest
 
 from minite.cli import main as cli
 from minite.configuration import ConfigError
-from minite.diagnostics.run import DiagnoseConfig
+from minite.diagnostics.diagnosis import DiagnoseConfig
 
 
 def test_minite_gap_is_zero_at_temperature(tiny_inputs, tmp_path):

@@ -119,8 +119,8 @@ def test_vllm_weights_are_the_trainers_bytes(pair):
 
 
 def test_diagnose_on_the_vllm_engine(pair, tiny_inputs, tmp_path):
+    from minite.diagnostics.diagnosis import DiagnoseConfig, diagnose
     from minite.diagnostics.report import write_report
-    from minite.diagnostics.run import DiagnoseConfig, diagnose
     from minite.recipes import MINITE
 
     trainer, sampler = pair
