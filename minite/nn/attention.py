@@ -78,7 +78,7 @@ bf16 numbers are exact in float64 and their sum over head_dim is exact for any r
 so it does not depend on the summation order), masked, max-subtracted softmax in float64, P·V in float64,
 divided by the row sum, one rounding to the activation dtype. The remaining order dependence (float64
 exp and sums, ~1e-16 relative) would have to straddle a bf16 rounding boundary (relative spacing 2^-8) to
-show up, so prefill vs decode, padding, batch composition and the engine no longer change the result.
+show up, so prefill vs decode, padding, batch composition and the engine do not change the result.
 Rows with no visible key (left padding) give 0. The same argument is behind minite.numerics'
 float64-accumulating reference GEMM. It materializes the (L, S) logits in float64: a CPU path, for the
 tiny models. Measured on a bf16 tiny Qwen3-MoE (AVX-512, isa "vec"; prefills of 40 to 150 tokens): vLLM's

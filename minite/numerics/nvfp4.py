@@ -19,7 +19,7 @@ Choices, each a field of `QuantSpec`:
 - flavor: the arithmetic of one implementation. They agree on the format and differ in float op order:
 
   "te"        Transformer Engine's reference quantizer (`NVFP4QuantizerRef` in pytorch/custom_recipes/
-              quantization_nvfp4.py, later quantization_ref_nvfp4.py, now reference_nvfp4.py; its CUDA
+              reference_nvfp4.py, quantization_nvfp4.py in older TE releases; its CUDA
               kernel cast/nvfp4/core_nvfp4.cuh shares the block arithmetic), byte for byte
               (tests/numerics/test_te_reference.py):
               block = e4m3(block_amax · (s_enc · (1/6))); element multiplier

@@ -1,7 +1,7 @@
 """Random Hadamard transform (RHT) over blocks of 16 along the last dim.
 
 An orthogonal rotation R = diag(signs) · H16 / 4 applied to each 16-element block spreads a block's
-outlier over all 16 elements, so one large value no longer forces a large block scale that flushes its
+outlier over all 16 elements, so one large value does not force a large block scale that flushes its
 neighbours to zero. Because R Rᵀ = I, applying it to *both* GEMM operands along the reduction dim
 leaves the product unchanged: (x R)(w R)ᵀ = x wᵀ. TE applies it to the wgrad GEMM inputs only.
 """

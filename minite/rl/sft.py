@@ -53,7 +53,7 @@ class SFTConfig:
     several times faster than two fighting over busy cores (measured 55 vs 350 ms per step).
 
     `max_time_s` is an optional wall-clock safety stop; when it fires (stop_reason "max_time") the
-    result depends on machine speed and is no longer reproducible, so it is off by default and the
+    result depends on machine speed and is not reproducible, so it is off by default and the
     run is bounded by `max_steps` instead.
 
     `device`: where the model trains (module docstring); `auto` is cuda when torch sees a GPU.

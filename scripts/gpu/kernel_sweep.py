@@ -5,10 +5,10 @@ inputs (bytes for the quantize; bits for the GEMM, since wgmma tiles of one BLOC
 
     python scripts/gpu/kernel_sweep.py [--only quantize|grouped] [--json out.json]
 
-The sweeps of 2026-12-01 also timed quantize variants that are no longer in the code, from commits
-821442c (a second read of the tile instead of holding it in registers, a register cap) and da48b3f
-(persistent programs whose row-tile loop Triton pipelines through shared memory): all slower than the
-shipped kernel (results/bench/history/kernel_sweeps_h200.md).
+The quantize kernel holds its tile in registers and runs one program per row tile because the
+alternatives timed on the H200 (a second read of the tile, a register cap, persistent programs whose
+row-tile loop Triton pipelines through shared memory) were all slower; their timings and the commits
+that hold them are in results/bench/history/kernel_sweeps_h200.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ QUANT_VARIANTS = [
 
 GROUPED_VARIANTS = {
     "shipped": None,
-    "128x256x128 w8 s3 (previous default)": GROUPED_CONFIG,
+    "128x256x128 w8 s3 (GROUPED_CONFIG, the reference tile)": GROUPED_CONFIG,
     "128x128x128 w4 s3": GemmConfig(128, 128, 128, 4, 3),
     "swap 128tok x 256w w16 s3": GemmConfig(128, 256, 128, 16, 3, swap_ab=True),
     "swap 128tok x 128w w4 s3": GemmConfig(128, 128, 128, 4, 3, swap_ab=True),
@@ -149,7 +149,7 @@ def sweep_grouped(out: dict) -> None:
 
 WGRAD_VARIANTS = {
     "shipped": None,
-    "128x128x64 w8 s4 (previous)": GemmConfig(128, 128, 64, 8, 4),
+    "128x128x64 w8 s4": GemmConfig(128, 128, 64, 8, 4),
     "128x128x64 w4 s2": GemmConfig(128, 128, 64, 4, 2),
     "128x64x64 w4 s3": GemmConfig(128, 64, 64, 4, 3),
     "64x128x64 w4 s3": GemmConfig(64, 128, 64, 4, 3),

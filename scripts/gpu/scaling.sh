@@ -5,8 +5,8 @@
 # log-probs are checked against the 1-GPU run, and the 1-GPU run is repeated once for the device's own
 # run-to-run noise floor. Writes $OUT/$NAME.json (both runs) and $OUT/$NAME.md. About 6-7 minutes on
 # 2 H200s (Triton compiles the minite kernels in the first updates: 2 warm-up updates).
-# The committed results/bench/scaling_h200x2.* came from an earlier version (1 warm-up update, no
-# repeat, 115 s / 230 s limits); their Markdown says what that changed.
+# The committed results/bench/scaling_h200x2.* were measured with 1 warm-up update, no repeat and
+# 115 s / 230 s limits, not these settings; their Markdown says what that changes.
 #   OUT=results/bench NAME=scaling_h200x2 bash scripts/gpu/scaling.sh
 # CPU rehearsal (gloo, toy sizes): SKIP_INSTALL=1 PROCS="--procs 1 2" H200_ARGS="--configs tiny --batch 4
 #   --prompt-len 8 --completion-len 8 --micro-batch 2" QWEN_ARGS="--configs toy --batch 4 --prompt-len 8
