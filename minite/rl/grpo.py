@@ -112,6 +112,10 @@ taking the means, so that every statistic is the one of the whole update, howeve
   value N / D above; over an update of several minibatches (optimizer steps), their mean.
 
 Only ``logp_new`` receives gradient; every other tensor is detached.
+
+Why one module of ~700 lines: a fifth of it is this docstring, the math every function below computes,
+and the config, the corrections, the aggregation and the statistics are one loss, read and checked
+against verl together (tests/rl/test_grpo_loss.py); split, each part would cite the others' formulas.
 """
 
 from __future__ import annotations
