@@ -128,3 +128,62 @@ def test_the_script_at_its_cpu_miniature_packs_records_that_pool(cfg, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     pooled = json.loads((tmp_path / "claims" / "claims.json").read_text())
     assert {(p["arm"], tuple(p["seeds"])) for p in pooled["provenance"]} == {(a, (0,)) for a in arms}
+
+
+def _driver():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_h200", REPO / "scripts" / "gpu" / "claims_h200.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(d: Path, steps_done: int, summary: dict | None, ledger: bool = True) -> Path:
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step_s": 1.0 + i}) + "\n"
+                                             for i in range(steps_done)))  # fmt: skip
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+    if ledger:
+        (d / "ledger.json").write_text("{}")
+    return d
+
+
+def test_only_a_run_of_every_step_counts_as_finished(tmp_path):
+    D = _driver()
+    assert D.run_status(_run(tmp_path / "a", 3, {"steps_done": 3}), 3) == ("finished", 3)
+    # stopped by its time limit: fewer steps than the arm's hash says, so never packed
+    early = _run(tmp_path / "b", 2, {"steps_done": 2, "stopped_early": True})
+    assert D.run_status(early, 3) == ("stopped_early", 2)
+    assert D.run_status(_run(tmp_path / "c", 2, None), 3) == ("incomplete", 2)  # killed
+    assert D.run_status(_run(tmp_path / "d", 3, {}, ledger=False), 3) == ("incomplete", 3)
+    assert D.step_seconds(tmp_path / "a") == 2.5  # the first step (compilation) left out
+
+
+def test_jobs_go_seed_by_seed_longest_arm_first():
+    D = _driver()
+    order = D.job_order(["bf16", "te_nvfp4", "minite"], [3, 4], {"te_nvfp4": 300, "minite": 100})
+    assert order == [("te_nvfp4", 3), ("minite", 3), ("bf16", 3), ("te_nvfp4", 4), ("minite", 4), ("bf16", 4)]
+
+
+def test_packing_refuses_more_files_than_a_gpu_call_returns(tmp_path):
+    D = _driver()
+    out, work = tmp_path / "out", tmp_path / "work"
+    (work / "p" / "runs" / "bf16").mkdir(parents=True)
+    (work / "p" / "runs" / "bf16" / "train.yaml").write_text("steps: 1\n")
+    report = {"name": "p", "gpu": "-", "commit": "-", "date": "-", "total_s": 0, "prepare_summary": {},
+              "concurrency": {"n": 1, "runs_finished": 0, "rl_wall_s": 0, "runs_per_min": 0,
+                              "steps_per_min": 0}, "runs": [], "packed": []}  # fmt: skip
+    files = D.pack(out, work, "p", ["bf16"], [], report)
+    assert sorted(p.name for p in files) == [
+        "claims_h200.json",
+        "claims_h200.md",
+        "claims_h200_ledger.tar.gz",
+    ]
+    with tarfile.open(out / "claims_h200_ledger.tar.gz") as tar:
+        assert tar.getnames() == ["p/runs/bf16/train.yaml"]
+    for i in range(6):
+        (out / f"extra{i}.log").write_text("x")
+    with pytest.raises(SystemExit, match="at most 8"):
+        D.pack(out, work, "p", ["bf16"], [], report)
