@@ -178,6 +178,21 @@ def max_micro_batch(cfg, split: dict[str, int], s: PlanSettings) -> int:
     return best
 
 
+def predict_learner(cfg, trainer_spec, settings: PlanSettings) -> dict[str, Any]:
+    """The plan of one recipe's learner (its trainer numerics) under `settings`: the memory items, the
+    total, whether it fits and the largest micro-batch that does. `minite plan` reports this per recipe of
+    a profile; `minite bench-scaling` puts it beside the memory it measures for the same setting."""
+    split = layer_split(build_meta_model(cfg, trainer_spec))
+    memory = memory_plan(cfg, split, settings)
+    return {
+        "memory_gib": memory,
+        "fits": memory["total"] <= settings.gpu_gib,
+        "max_micro_batch": max_micro_batch(cfg, split, settings),
+        "nvfp4_params": split["nvfp4"],
+        "settings": dict(settings.__dict__),
+    }
+
+
 def settings_from_profile(profile: dict[str, Any], **overrides: Any) -> PlanSettings:
     rl = profile.get("rl", {})
     gpus = ((profile.get("jobs") or {}).get("rl") or {}).get("gpus") or 8
