@@ -130,7 +130,10 @@ def prepare(args: argparse.Namespace, name: str, work: Path, remaining: float) -
     for s in args.set:
         cmd += ["--set", s]
     _say("prepare: " + " ".join(cmd))
-    rc = subprocess.run(cmd, timeout=max(1.0, remaining), check=False).returncode
+    try:
+        rc: int | str = subprocess.run(cmd, timeout=max(1.0, remaining), check=False).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
     info: dict[str, Any] = {"dir": str(dest), "reused": False, "rc": rc, "s": round(time.monotonic() - t, 1)}
     info["metrics"] = _read_json(dest / "prepare_metrics.json")
     return info
@@ -201,7 +204,8 @@ def schedule(
         for job, (proc, t0, log) in list(running.items()):
             rc = proc.poll()
             if rc is None and now > runs_end + args.grace_s:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own process group: this run and its children
+                with contextlib.suppress(ProcessLookupError):  # it may have ended since the poll
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own process group: the run and its children
                 rows[job]["killed"] = True
                 rc = proc.wait()
             if rc is not None:
@@ -346,9 +350,14 @@ def main(argv: list[str]) -> int:
             arm_wall[r["arm"]] = max(arm_wall.get(r["arm"], 0.0), r["wall_s"])
         else:
             r["log_tail"] = _tail(work / "logs" / f"{r['arm']}_seed{r['seed']}.log")
-    records = L.add(finished, work / "ledger", **({"commit": args.commit} if args.commit else {}))
-    for rec in records:
-        L.load_record(rec)  # each record validates as the ledger will read it
+    records: list[Path] = []
+    for run, r in zip(finished, [r for r in rows if r.get("status") == "finished"], strict=True):
+        try:  # one run at a time: a record refused is reported, the others are still packed
+            [path] = L.add([run], work / "ledger", **({"commit": args.commit} if args.commit else {}))
+            L.load_record(path)  # it validates as the ledger will read it
+            records.append(path)
+        except (OSError, ValueError) as e:
+            r.update(status="record refused", error=str(e))
 
     pm = prep.get("metrics") or {}
     done_pairs = {(r["arm"], r["seed"]) for r in rows if r.get("status") == "finished"}
