@@ -30,7 +30,7 @@ from minite.rl.task import END_OF_ANSWER
 PAD, BOS, EOS = "<pad>", "<bos>", END_OF_ANSWER
 SPECIALS = (PAD, BOS, EOS)
 #: Characters of the tasks, one token each: digits, operators, "=", space; then the scratchpad's step
-#: separator ";" and answer marker "#" (minite.rl.scratchpad), appended so every earlier id is unchanged.
+#: separator ";" and answer marker "#" (minite.rl.scratchpad_task), appended so every earlier id is unchanged.
 CHARS = "0123456789+-*= ;#"
 VOCAB_MULTIPLE = 16
 

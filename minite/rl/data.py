@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from minite.configuration import ConfigError
-from minite.rl.rewards.base import last_boxed
+from minite.rl.rewards.score import last_boxed
 
 PROMPT_KEYS = ("prompt", "problem", "Problem", "question", "Question")
 ANSWER_KEYS = ("answer", "Answer")

@@ -35,7 +35,7 @@ from minite.configuration import ConfigError
 from minite.engines.device import resolve_device
 from minite.models.tiny import build_tiny_config, build_tiny_model, save_model
 from minite.models.tokenizer import build_tokenizer
-from minite.rl.formats import make_splits
+from minite.rl.completion_formats import make_splits
 from minite.rl.sft import SFTConfig, accuracy, place_model, sft
 from minite.rl.task import TaskConfig, save_jsonl
 

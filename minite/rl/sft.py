@@ -36,7 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minite.engines.device import check_device, resolve_device
 from minite.models.tokenizer import encode_completion, encode_prompt
-from minite.rl.formats import score
+from minite.rl.completion_formats import score
 from minite.rl.task import Example
 
 

@@ -12,7 +12,7 @@ model is trained to produce is the answer followed by an end-of-answer marker (t
 see `minite.models.tokenizer`), which `reward` strips before comparing.
 
 Completion formats (`TaskConfig.format`, `Example.format`): "answer" (above: the completion is the
-answer) or "scratchpad" (`minite.rl.scratchpad`: the intermediate results of every step, then the
+answer) or "scratchpad" (`minite.rl.scratchpad_task`: the intermediate results of every step, then the
 answer after a "#" marker, tens of tokens). A line may carry the optional fields `target` (the
 completion SFT trains on; default the answer) and `format` (default "answer"); rows in the
 scratchpad format carry `data_source: scratchpad`, so `reward.name: auto` grades them with the
@@ -43,7 +43,7 @@ from minite.configuration import ConfigError
 END_OF_ANSWER = "<eos>"
 
 _OPERATORS = ("+", "-", "*")
-#: Completion formats: "answer" (this module) and "scratchpad" (minite.rl.scratchpad).
+#: Completion formats: "answer" (this module) and "scratchpad" (minite.rl.scratchpad_task).
 FORMATS = ("answer", "scratchpad")
 
 
@@ -140,13 +140,13 @@ def generate(cfg: TaskConfig) -> tuple[list[Example], list[Example]]:
     """Deterministic disjoint (train, eval) splits of distinct problems.
 
     Raises ValueError when the problem space is too small for the requested sizes (detected when
-    drawing stops producing new prompts). This is the "answer" format; `minite.rl.formats.make_splits`
-    renders the same problems in `cfg.format`.
+    drawing stops producing new prompts). This is the "answer" format;
+    `minite.rl.completion_formats.make_splits` renders the same problems in `cfg.format`.
     """
     if cfg.format != "answer":
         raise ValueError(
             f"task.generate makes the 'answer' format; for format {cfg.format!r} call "
-            "minite.rl.formats.make_splits(cfg)"
+            "minite.rl.completion_formats.make_splits(cfg)"
         )
     rng = random.Random(cfg.seed)
     wanted = cfg.n_train + cfg.n_eval

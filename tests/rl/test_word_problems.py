@@ -8,7 +8,7 @@ import re
 import pytest
 
 from minite.configuration import ConfigError
-from minite.rl.rewards.base import last_boxed
+from minite.rl.rewards.score import last_boxed
 from minite.rl.word_problems import WordProblemsConfig, generate, to_examples
 
 

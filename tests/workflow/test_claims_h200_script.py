@@ -47,7 +47,7 @@ def test_profile_model_is_a_routing_moe_of_150m_parameters(cfg):
 
 def test_profile_completions_are_64_tokens_and_fit_the_sampler(cfg):
     from minite.models.tokenizer import build_tokenizer, encode_completion, encode_prompt
-    from minite.rl.formats import make_splits
+    from minite.rl.completion_formats import make_splits
     from minite.rl.task import TaskConfig
 
     task = TaskConfig(**cfg["prepare"]["task"])

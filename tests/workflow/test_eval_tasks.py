@@ -57,12 +57,12 @@ def test_task_errors_are_actionable(tmp_path):
 
 def test_tiny_scratchpad_grades_like_the_rl_reward(tmp_path):
     """lm-eval's own pipeline (task YAML, regex filter, exact_match) on canned responses gives the score
-    that minite.rl.scratchpad.reward gives the same responses."""
+    that minite.rl.scratchpad_task.reward gives the same responses."""
     from lm_eval import simple_evaluate
     from lm_eval.api.model import LM
 
     from minite.evals.harness import task_configs, task_manager
-    from minite.rl.scratchpad import reward
+    from minite.rl.scratchpad_task import reward
 
     rows = [
         ({"prompt": "12+7-3=", "answer": "16"}, "12+7=19;19-3=16#16"),

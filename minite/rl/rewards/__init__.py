@@ -1,11 +1,11 @@
 r"""Verifiable rewards: one small module per reward, a registry, and the batch scoring the RL loop calls.
 
-Each reward module has `compute_score(solution_str, ground_truth) -> Score` (minite.rl.rewards.base),
+Each reward module has `compute_score(solution_str, ground_truth) -> Score` (minite.rl.rewards.score),
 as verl's `verl.utils.reward_score.<name>.compute_score` does:
 
     arith      exact match of the tiny arithmetic task (minite.rl.task)
     scratchpad the tiny task with a scratchpad: exact match of the text after the last "#"
-               (minite.rl.scratchpad)
+               (minite.rl.scratchpad_task)
     math_dapo  DAPO's math reward as verl implements it: the last `Answer:` line of the final 300
                characters, Minerva-normalized, +1 / -1
     boxed      the last `\boxed{}`, graded by math-verify (0.875 = 7/8 = \frac{7}{8}), 1 / 0
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from minite.configuration import ConfigError
 from minite.rl.rewards import arith, boxed, math_dapo, scratchpad
-from minite.rl.rewards.base import Score
+from minite.rl.rewards.score import Score
 
 RewardFn = Callable[[str, str], Score]
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from minite.rl.rewards.base import Score
+from minite.rl.rewards.score import Score
 from minite.rl.task import END_OF_ANSWER, reward
 
 

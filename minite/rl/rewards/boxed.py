@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 
-from minite.rl.rewards.base import Score, last_boxed
+from minite.rl.rewards.score import Score, last_boxed
 
 PARSE_TIMEOUT_S = 5
 VERIFY_TIMEOUT_S = 5

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from minite.rl.rewards.base import Score, last_boxed
+from minite.rl.rewards.score import Score, last_boxed
 
 TAIL_CHARS = 300  # characters of the completion that are read
 STRICT_TAIL_CHARS = 100

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from minite.rl.rewards.base import last_boxed
 from minite.rl.rewards.boxed import compute_score
+from minite.rl.rewards.score import last_boxed
 
 ROWS = [
     # (completion, ground truth, expected score)

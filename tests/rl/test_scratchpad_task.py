@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from minite.rl import formats, scratchpad
+from minite.rl import completion_formats, scratchpad_task
 from minite.rl.task import END_OF_ANSWER, Example, TaskConfig, generate, load_jsonl, save_jsonl
 
 
@@ -23,7 +23,7 @@ from minite.rl.task import END_OF_ANSWER, Example, TaskConfig, generate, load_js
     ],
 )
 def test_render_hand_checked(prompt, completion, answer):
-    assert scratchpad.render(prompt) == (completion, answer)
+    assert scratchpad_task.render(prompt) == (completion, answer)
 
 
 def test_render_agrees_with_python_on_random_problems():
@@ -33,7 +33,7 @@ def test_render_agrees_with_python_on_random_problems():
         xs = [rng.randint(0, 99) for _ in range(n)]
         ops = [rng.choice("+-*") for _ in range(n - 1)]
         prompt = str(xs[0]) + "".join(o + str(x) for o, x in zip(ops, xs[1:], strict=True)) + "="
-        text, answer = scratchpad.render(prompt)
+        text, answer = scratchpad_task.render(prompt)
         assert int(answer) == eval(prompt[:-1])  # noqa: S307 - digits and + - * only
         body, final = text.split("#")
         assert final == answer
@@ -47,7 +47,7 @@ def test_render_agrees_with_python_on_random_problems():
 @pytest.mark.parametrize("bad", ["12+7", "12++7=", "+3=", "1/2=", "=", "12 a 3="])
 def test_parse_prompt_rejects_malformed(bad):
     with pytest.raises(ValueError):
-        scratchpad.parse_prompt(bad)
+        scratchpad_task.parse_prompt(bad)
 
 
 @pytest.mark.parametrize(
@@ -69,22 +69,22 @@ def test_parse_prompt_rejects_malformed(bad):
     ],
 )
 def test_reward(completion, answer, expected):
-    assert scratchpad.reward(completion, answer) == expected
+    assert scratchpad_task.reward(completion, answer) == expected
 
 
 def test_final_answer():
-    assert scratchpad.final_answer("1+2=3#3<eos>") == "3"
-    assert scratchpad.final_answer("1+2=3") is None
+    assert scratchpad_task.final_answer("1+2=3#3<eos>") == "3"
+    assert scratchpad_task.final_answer("1+2=3") is None
 
 
 def test_generate_same_problems_as_answer_format():
     cfg = TaskConfig(seed=3, n_train=200, n_eval=40, max_operands=4, format="scratchpad")
-    train, ev = scratchpad.generate(cfg)
+    train, ev = scratchpad_task.generate(cfg)
     plain_train, plain_ev = generate(TaskConfig(seed=3, n_train=200, n_eval=40, max_operands=4))
     assert [e.prompt for e in train] == [e.prompt for e in plain_train]
     assert [e.answer for e in ev] == [e.answer for e in plain_ev]
     assert all(e.format == "scratchpad" and e.target.endswith("#" + e.answer) for e in train + ev)
-    assert formats.make_splits(cfg) == (train, ev)
+    assert completion_formats.make_splits(cfg) == (train, ev)
 
 
 def test_task_generate_refuses_other_formats():
@@ -95,7 +95,7 @@ def test_task_generate_refuses_other_formats():
 
 
 def test_completions_are_tens_of_tokens():
-    train, _ = scratchpad.generate(
+    train, _ = scratchpad_task.generate(
         TaskConfig(seed=0, n_train=2000, n_eval=0, max_operands=4, format="scratchpad")
     )
     lengths = [len(e.completion) + 1 for e in train]  # + <eos>; one token per character
@@ -104,7 +104,7 @@ def test_completions_are_tens_of_tokens():
 
 
 def test_jsonl_roundtrip_keeps_target_and_format(tmp_path):
-    train, _ = scratchpad.generate(TaskConfig(seed=0, n_train=10, n_eval=0, format="scratchpad"))
+    train, _ = scratchpad_task.generate(TaskConfig(seed=0, n_train=10, n_eval=0, format="scratchpad"))
     save_jsonl(train, tmp_path / "t.jsonl")
     first = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
     assert set(first) == {"prompt", "answer", "target", "format", "data_source"}
@@ -128,8 +128,8 @@ def test_jsonl_bad_optional_fields(tmp_path, line, match):
 def test_score_dispatches_on_format():
     plain = Example("12+7-3=", "16")
     pad = Example("12+7-3=", "16", target="12+7=19;19-3=16#16", format="scratchpad")
-    assert formats.score(plain, "16<eos>") == 1.0
-    assert formats.score(plain, "12+7=19;19-3=16#16<eos>") == 0.0
-    assert formats.score(pad, "12+7=19;19-3=16#16<eos>") == 1.0
-    assert formats.score(pad, "16<eos>") == 0.0
+    assert completion_formats.score(plain, "16<eos>") == 1.0
+    assert completion_formats.score(plain, "12+7=19;19-3=16#16<eos>") == 0.0
+    assert completion_formats.score(pad, "12+7=19;19-3=16#16<eos>") == 1.0
+    assert completion_formats.score(pad, "16<eos>") == 0.0
     assert plain.completion == "16" and pad.completion == "12+7=19;19-3=16#16"
