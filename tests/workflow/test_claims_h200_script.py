@@ -76,7 +76,6 @@ def test_profile_runs_the_claims_arms_on_the_gpu(cfg):
     assert cfg["rl"]["device"] == "cuda" and cfg["rl"]["sampler"]["engine"] == "builtin"
 
 
-@pytest.mark.slow
 def test_snakemake_plans_the_profile(cfg, workdir):
     from tests.workflow.workflow_helpers import planned_jobs, snakemake
 
