@@ -242,7 +242,7 @@ def _bench(name: str) -> Callable[[dict[str, Any]], str]:
         elif name == "rollout":
             from minite.bench.rollout import markdown
         elif name == "attention":
-            from minite.bench.attention import markdown
+            from minite.bench.attention_core import markdown
         else:
             from minite.bench.kernel_report import markdown
         return markdown(record)

@@ -130,7 +130,7 @@ def _rollout_args(sub) -> None:
 
 
 def _attention_args(sub) -> None:
-    from minite.bench import attention as A
+    from minite.bench import attention_core as A
 
     p = sub.add_parser(
         "attention",
@@ -149,7 +149,7 @@ def _attention_args(sub) -> None:
 
 
 def _run_attention(args: argparse.Namespace, command: str) -> int:
-    from minite.bench import attention as A
+    from minite.bench import attention_core as A
 
     cfg = A.AttentionBenchConfig(
         seq_lens=tuple(args.seq_lens),
@@ -258,9 +258,9 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
 def _decode_figure(report: dict, out: str) -> Path | None:
     """Beside a rollout report measured at several batch sizes: decode tokens/s and the ratio to bf16
-    against batch size (minite.figures.throughput.fig_decode_batches), as <out>.png."""
+    against batch size (minite.figures.tokens_per_s.fig_decode_batches), as <out>.png."""
     from minite.figures.style import apply_style
-    from minite.figures.throughput import decode_rows, fig_decode_batches
+    from minite.figures.tokens_per_s import decode_rows, fig_decode_batches
 
     if decode_rows(report).empty:
         return None

@@ -18,6 +18,6 @@ Figures
                    (drawn by `minite claims`, not by `build`)
 Tables: main, ablations, throughput, eval, diagnose (+ compute, from Snakemake benchmark records).
 
-One module per figure (rl_curves, mismatch, throughput, ablations, layer_trace), `style` for what they
+One module per figure (rl_curves, mismatch, tokens_per_s, ablations, layer_trace), `style` for what they
 share, `load` for reading results/, `tables`, and `build`, which writes all of it with its manifest.
 """

@@ -33,7 +33,7 @@ from minite.figures.tables import (
     throughput_table,
     write_table,
 )
-from minite.figures.throughput import fig_decode_batches, fig_throughput
+from minite.figures.tokens_per_s import fig_decode_batches, fig_throughput
 
 
 @dataclass

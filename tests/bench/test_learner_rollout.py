@@ -103,7 +103,7 @@ def test_rollout_report_schema_and_ratios(tmp_path):
     # two batch sizes: the decode-vs-batch figure beside the report, from the same numbers
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from minite.figures.throughput import decode_rows
+    from minite.figures.tokens_per_s import decode_rows
 
     df = decode_rows(report)
     assert sorted(df["batch"].unique()) == [1, 3] and set(df["run"]) == set(RECIPES)

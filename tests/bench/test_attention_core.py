@@ -1,5 +1,5 @@
-"""`minite bench attention` (minite.bench.attention) without a GPU: a clear refusal before any work, and the
-report's Markdown from the report the H200 run wrote (results/bench/attention_h200.json)."""
+"""`minite bench attention` (minite.bench.attention_core) without a GPU: a clear refusal before any work,
+and the report's Markdown from the report the H200 run wrote (results/bench/attention_h200.json)."""
 
 import json
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minite.bench.attention import markdown
+from minite.bench.attention_core import markdown
 from minite.cli import main
 
 
