@@ -272,7 +272,7 @@ class AlignedRouter(nn.Module):
 
     Records the selected experts of the last call in `last_topk` when `record` is set (diagnostics).
     `capture` (a list): every call appends its selected experts (T, k) (the built-in sampler's routing
-    record). `replay` (T, k) int64: route the call's T tokens to these experts (routing replay, module
+    record). `replay` (T, k) integer ids: route the call's T tokens to these experts (routing replay, module
     docstring); None (the default) leaves routing untouched.
     """
 
