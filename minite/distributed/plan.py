@@ -26,7 +26,10 @@ Memory plan of one GPU, N-way FSDP2 (ZeRO-3: parameters, gradients and AdamW sta
                                      per decoder layer only each layer's input (2 B·H) is kept, plus one
                                      layer's full set during its recompute
     log-probs                        2 B·V bf16 logits + 2 × 4 B·V fp32 (gathered logits, log-softmax)
-                                     per completion token
+                                     per completion token of one chunk: the trainer runs the lm_head and
+                                     the log-softmax on `logprob_chunk` completion tokens of the
+                                     micro-batch at a time, forward and backward (OptimConfig.logprob_chunk,
+                                     minite/engines/trainer.py); None: every completion token at once
 
 P is the total parameter count, H hidden, q = heads·head_dim, kv = kv_heads·head_dim, E experts, k
 active experts, I expert FFN, V vocab; tokens per micro-batch = micro_batch × max_model_len (the
@@ -136,6 +139,14 @@ class PlanSettings:
     completion_len: int = 8192  # log-prob tokens per sequence
     activation_checkpointing: bool = True
     gpu_gib: float = H200_GIB
+    logprob_chunk: int | None = 1024  # the trainer's OptimConfig.logprob_chunk (None: unchunked)
+
+    def __post_init__(self) -> None:
+        if self.logprob_chunk is not None and self.logprob_chunk < 1:
+            raise ValueError(
+                f"PlanSettings.logprob_chunk must be >= 1 or None (unchunked), got {self.logprob_chunk}: "
+                "set it to the trainer's OptimConfig.logprob_chunk"
+            )
 
 
 def memory_plan(cfg, split: dict[str, int], s: PlanSettings) -> dict[str, float]:
@@ -146,6 +157,9 @@ def memory_plan(cfg, split: dict[str, int], s: PlanSettings) -> dict[str, float]
     layer_bytes = 2 * c["per_layer"]
     root = c["embed"] + c["lm_head"] + g["H"]
     tokens = s.micro_batch * s.seq_len
+    logprob_tokens = s.micro_batch * s.completion_len
+    if s.logprob_chunk is not None:
+        logprob_tokens = min(logprob_tokens, s.logprob_chunk)
     act_elems = (3 * g["H"] + 2 * (g["q"] + 2 * g["kv"]) + g["q"]) + (2 * g["H"] + g["k"] * g["H"])
     act_elems += 3 * g["k"] * g["I"]
     per_token_layer = 2 * act_elems + 4 * g["E"]
@@ -161,7 +175,7 @@ def memory_plan(cfg, split: dict[str, int], s: PlanSettings) -> dict[str, float]
         "bf16 unsharded gradients (2 layers)": 2 * layer_bytes,
         "NVFP4 weight copies": NVFP4_BYTES * split["nvfp4"],
         "activations": acts,
-        "log-probs (logits, fp32 log-softmax)": s.micro_batch * s.completion_len * g["V"] * (2 + 4 + 4),
+        "log-probs (logits, fp32 log-softmax)": logprob_tokens * g["V"] * (2 + 4 + 4),
     }
     out = {k: v / GIB for k, v in plan.items()}
     out["total"] = sum(out.values())
@@ -257,11 +271,13 @@ def render(report: dict[str, Any]) -> str:
                 f"| {name} | {engine} | {x['nvfp4']:,} | {x['bf16']:,} | {share:.1%} | {x['nvfp4_modules']} |"
             )
     ck = "on" if s["activation_checkpointing"] else "off"
+    chunk = s.get("logprob_chunk")
+    chunked = f"log-softmax {chunk} tokens at a time" if chunk else "log-softmax unchunked"
     lines += [
         "",
         f"Learner memory per GPU (GiB), FSDP2 over {s['gpus']} GPUs, micro-batch {s['micro_batch']} × "
-        f"{s['seq_len']} tokens ({s['completion_len']} log-prob tokens each), activation checkpointing "
-        f"{ck}, budget {s['gpu_gib']} GiB:",
+        f"{s['seq_len']} tokens ({s['completion_len']} log-prob tokens each, {chunked}), activation "
+        f"checkpointing {ck}, budget {s['gpu_gib']} GiB:",
         "",
     ]
     names = list(report["recipes"])

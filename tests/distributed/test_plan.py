@@ -77,3 +77,18 @@ def test_minite_plan_cli_on_the_paper_profile(tmp_path, capsys):
     assert set(report["recipes"]) == {"bf16", "te_nvfp4", "minite"}
     assert report["settings"]["gpus"] == 8
     assert all(r["fits"] for r in report["recipes"].values())
+
+
+def test_log_prob_memory_is_one_chunk_of_the_micro_batch(cfg):
+    split = P.layer_split(P.build_meta_model(cfg, MINITE.trainer))
+    per_token = cfg.vocab_size * (2 + 4 + 4) / P.GIB  # bf16 logits + fp32 gathered logits + log-softmax
+    item = "log-probs (logits, fp32 log-softmax)"
+
+    def logp(**kw) -> float:
+        return P.memory_plan(cfg, split, P.PlanSettings(completion_len=8192, **kw))[item]
+
+    assert logp(micro_batch=2, logprob_chunk=1024) == pytest.approx(1024 * per_token)  # the trainer's default
+    assert logp(micro_batch=2, logprob_chunk=None) == pytest.approx(2 * 8192 * per_token)  # unchunked
+    assert logp(micro_batch=1, logprob_chunk=100_000) == pytest.approx(8192 * per_token)  # chunk > tokens
+    with pytest.raises(ValueError, match="logprob_chunk"):
+        P.PlanSettings(logprob_chunk=0)
