@@ -4,7 +4,7 @@ Writes into --out: data/train.jsonl, data/eval.jsonl, base_model/ (HF layout), p
 
     minite prepare --profile configs/tiny.yaml --out results/tiny/prepare [--set prepare.sft.max_steps=50]
 
-Kinds (minite.rl.prepare):
+Kinds (minite.rl.prepare_inputs):
 - `tiny`: the arithmetic task's splits, the character tokenizer and an SFT-warmed tiny Qwen3-MoE.
 - `qwen3` (paper-mini): Qwen3-30B-A3B's architecture with `prepare.model` overrides, random init,
   Qwen3's tokenizer; data from `prepare.data` files or `prepare.word_problems` (written in the paper's
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         if not isinstance(sec, dict):
             raise ConfigError(f"{args.profile}: no `prepare:` section")
         kind = sec.get("kind", "tiny")
-        from minite.rl import prepare as P
+        from minite.rl import prepare_inputs as P
 
         # everything is checked before --out is created: a bad input writes nothing
         if kind == "local":

@@ -102,7 +102,7 @@ def test_paper_profiles_point_lm_evals_math_tasks_at_the_right_splits():
 
     from minite.evals.harness import task_manager
     from minite.profiles import load_profile
-    from minite.rl.prepare import EVAL_FILES
+    from minite.rl.prepare_inputs import EVAL_FILES
 
     specs = {t["name"]: t for t in load_profile("paper")["eval"]["tasks"]}
     tm = task_manager(list(specs.values()))

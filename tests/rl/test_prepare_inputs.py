@@ -5,7 +5,7 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
-from minite.rl.prepare import prepare_tiny
+from minite.rl.prepare_inputs import prepare_tiny
 from minite.rl.sft import SFTConfig
 from minite.rl.task import TaskConfig, load_jsonl
 
@@ -156,7 +156,7 @@ def test_a_failed_prepare_leaves_the_previous_output_untouched(tmp_path, monkeyp
     finished output of the last run and leaves no temporary sibling."""
     import pytest
 
-    import minite.rl.prepare as prepare
+    import minite.rl.prepare_inputs as prepare
 
     def failing_sft(*args, **kwargs):
         assert any(p.name.startswith(".tiny.tmp-") for p in tmp_path.iterdir())  # staged, half-written
