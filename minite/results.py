@@ -240,7 +240,7 @@ def _bench(name: str) -> Callable[[dict[str, Any]], str]:
         if name == "learner":
             from minite.bench.learner import markdown
         elif name == "rollout":
-            from minite.bench.rollout import markdown
+            from minite.bench.rollout_throughput import markdown
         elif name == "attention":
             from minite.bench.attention_core import markdown
         else:

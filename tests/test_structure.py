@@ -150,7 +150,6 @@ SHARED_BASENAMES = {
     "norm.py": {"kernels", "minite/nn"},
     "paper.py": {"minite", "minite/commands"},
     "plan.py": {"minite/commands", "minite/distributed"},
-    "rollout.py": {"minite/bench", "minite/rl"},
     "router.py": {"kernels", "minite/nn"},
     "trainer.py": {"minite/distributed", "minite/engines"},
 }

@@ -1,4 +1,4 @@
-"""What `minite bench learner` and `minite bench rollout` share (minite.bench.learner, .rollout).
+"""What `minite bench learner` and `minite bench rollout` share (minite.bench.learner, .rollout_throughput).
 
 The device a bench runs on (`bench_device`: the GPU when there is one) and how a report names it
 (`device_info`; every CPU result is labelled as CPU numbers: on CPU the NVFP4 recipes run the pure-torch

@@ -2,9 +2,9 @@ r"""`minite bench learner|rollout|attention`: learner or rollout throughput of s
 process; or the fixed attention core alone against torch's SDPA (`attention`, one GPU).
 
 Each verb measures every recipe one after the other in one process on the same data and writes a JSON
-report with a Markdown table beside it (minite.bench.learner, minite.bench.rollout); every speed is also
-reported as a ratio to bf16 measured in the same run when bf16 is among the recipes. The JSON names
-the device; CPU results are labelled as CPU numbers. The model is either
+report with a Markdown table beside it (minite.bench.learner, minite.bench.rollout_throughput); every
+speed is also reported as a ratio to bf16 measured in the same run when bf16 is among the recipes. The
+JSON names the device; CPU results are labelled as CPU numbers. The model is either
 
   a model folder, its weights and depth (what the workflow's throughput_learner / throughput_rollout
   rules measure: the profile's prepared base model, with the run folders' recipe files):
@@ -103,7 +103,7 @@ def _learner_args(sub) -> None:
 
 
 def _rollout_args(sub) -> None:
-    from minite.bench import rollout as R
+    from minite.bench import rollout_throughput as R
 
     p = sub.add_parser(
         "rollout",
@@ -172,7 +172,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     import torch
 
     from minite.bench import learner as L
-    from minite.bench import rollout as R
+    from minite.bench import rollout_throughput as R
     from minite.bench.model import parse_recipe
     from minite.tracking import job_run
 

@@ -11,7 +11,7 @@ import sys
 import torch
 
 from minite.bench.model import QWEN3_30B_A3B, TOY, parse_recipe
-from minite.bench.rollout import Decoder, build_sampler
+from minite.bench.rollout_throughput import Decoder, build_sampler
 from minite.engines.trainer import forward
 from minite.models.tiny import build_tiny_model
 from minite.nn import apply_numerics

@@ -19,7 +19,7 @@ import torch
 
 def profile(recipe_name: str, layers: int, batches: list[int], steps: int, top: int, ops: int = 0) -> None:
     from minite.bench.model import QWEN3_30B_A3B, release
-    from minite.bench.rollout import build_sampler
+    from minite.bench.rollout_throughput import build_sampler
     from minite.engines.decode import Decoder
     from minite.recipes import get_recipe
 

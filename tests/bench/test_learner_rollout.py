@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minite.bench.model import TOY, build_model, layers_that_fit, param_counts, parse_recipe
-from minite.bench.rollout import Decoder, build_sampler
+from minite.bench.rollout_throughput import Decoder, build_sampler
 from minite.bench.throughput import Clock
 from minite.cli import main
 
