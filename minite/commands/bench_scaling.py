@@ -160,7 +160,7 @@ def plan_predictions(spec, procs: list[int], gpu_gib: float | None = None) -> di
     """`minite plan`'s learner memory per GPU (minite.distributed.plan.predict_learner) for each
     (config, recipe, N) of the run: the same model config, micro-batch, sequence and completion lengths
     and activation checkpointing. Keyed "config/recipe/N"; a config the plan cannot model holds its error."""
-    from minite.distributed.plan import H200_GIB, PlanSettings, predict_learner
+    from minite.distributed.plan import H200_GIB, PlanSettings, build_meta_model, layer_split, predict_learner
     from minite.distributed.scaling import model_config, recipe_of
 
     out: dict[str, Any] = {}
@@ -168,6 +168,7 @@ def plan_predictions(spec, procs: list[int], gpu_gib: float | None = None) -> di
         cfg = model_config(config, spec.layers.get(config))
         for ref in spec.recipes:
             recipe = recipe_of(ref)
+            split = None  # one meta build per (config, recipe): the split does not depend on N
             for n in procs:
                 settings = PlanSettings(
                     gpus=n,
@@ -178,7 +179,8 @@ def plan_predictions(spec, procs: list[int], gpu_gib: float | None = None) -> di
                     gpu_gib=gpu_gib or H200_GIB,
                 )
                 try:
-                    out[f"{config}/{recipe.name}/{n}"] = predict_learner(cfg, recipe.trainer, settings)
+                    split = split or layer_split(build_meta_model(cfg, recipe.trainer))
+                    out[f"{config}/{recipe.name}/{n}"] = predict_learner(cfg, recipe.trainer, settings, split)
                 except Exception as err:  # e.g. a profile model outside the plan's all-MoE closed form
                     out[f"{config}/{recipe.name}/{n}"] = {"error": repr(err)[:500]}
     return out

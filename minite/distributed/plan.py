@@ -192,11 +192,14 @@ def max_micro_batch(cfg, split: dict[str, int], s: PlanSettings) -> int:
     return best
 
 
-def predict_learner(cfg, trainer_spec, settings: PlanSettings) -> dict[str, Any]:
+def predict_learner(
+    cfg, trainer_spec, settings: PlanSettings, split: dict[str, int] | None = None
+) -> dict[str, Any]:
     """The plan of one recipe's learner (its trainer numerics) under `settings`: the memory items, the
     total, whether it fits and the largest micro-batch that does. `minite plan` reports this per recipe of
-    a profile; `minite bench-scaling` puts it beside the memory it measures for the same setting."""
-    split = layer_split(build_meta_model(cfg, trainer_spec))
+    a profile; `minite bench-scaling` puts it beside the memory it measures for the same setting.
+    `split`: the recipe's `layer_split`, if already built (it depends on the model and recipe only)."""
+    split = split or layer_split(build_meta_model(cfg, trainer_spec))
     memory = memory_plan(cfg, split, settings)
     return {
         "memory_gib": memory,

@@ -14,6 +14,7 @@
 # (its minite.results rendering).
 #   OUT=results/bench bash scripts/gpu/learner_h200x8.sh           # 8 GPUs (nvidia-h200-x8)
 #   PROCS="4" bash scripts/gpu/learner_h200x8.sh                   # the 4-GPU half alone (nvidia-h200-x4)
+#   PROFILE=0: no profiled update; RECIPES, LAUNCH_S (per process count), TOTAL_S (whole script)
 # CPU rehearsal (gloo, a toy Qwen3-MoE, 2 ranks standing for 8 and 1 for 4; the same code path):
 #   TOY=1 OUT=/tmp/rehearsal bash scripts/gpu/learner_h200x8.sh    # tests/distributed/test_learner_h200x8.py
 set -uo pipefail
@@ -48,11 +49,15 @@ export MINITE_GIT_COMMIT=${MINITE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null |
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())"
 CKPT=--activation-checkpointing
 [ -n "${NO_CHECKPOINTING:-}" ] && CKPT=
+# PROFILE=0 leaves out the profiled update (compute vs communication): the profiler's events of a
+# 48-layer update take memory and tens of seconds to read
+PROF=--profile-update
+[ "${PROFILE:-1}" = 0 ] && PROF=
 # every N is one torchrun; LAUNCH_S stops a launch that hangs (a rank out of memory alone leaves the
 # others in a collective) and keeps what it wrote; the outer timeout bounds the whole script
 # shellcheck disable=SC2086
 timeout -k 10 "${TOTAL_S:-590}" $PY -m minite.cli bench-scaling $MODEL_ARGS $BATCH_ARGS --recipes $RECIPES \
-    --procs $PROCS --warmup "${WARMUP:-2}" --iters "${ITERS:-3}" --init meta --profile-update $CKPT \
+    --procs $PROCS --warmup "${WARMUP:-2}" --iters "${ITERS:-3}" --init meta $PROF $CKPT \
     --launch-timeout "$LAUNCH_S" --record --machine "$MACHINE" \
     --note "$SETTING. Run by \`OUT=$OUT NAME=$NAME ${TOY:+TOY=1 }bash scripts/gpu/learner_h200x8.sh\` (PROCS=\"$PROCS\")." \
     ${NOTE:+--note "$NOTE"} \
