@@ -22,7 +22,7 @@ def _rne(spec):
 
 
 # minite with its backward's stochastic rounding switched to round-to-nearest (SR draws depend on the
-# operand's shape, so a data-parallel split is a different draw: see minite.distributed.trainer)
+# operand's shape, so a data-parallel split is a different draw: see minite.distributed.fsdp_trainer)
 MINITE_RNE = replace(
     MINITE,
     name="minite_rne",
@@ -101,7 +101,7 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
 
 
 def to_device(batch, device):
-    return type(batch)(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
+    return batch.to(device)
 
 
 def rank_worker(
@@ -111,7 +111,7 @@ def rank_worker(
     from safetensors.torch import save_file
 
     from minite.distributed.fsdp import full_state_dict
-    from minite.distributed.trainer import DistributedTrainer, shard_rows
+    from minite.distributed.fsdp_trainer import DistributedTrainer, shard_rows
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -152,12 +152,12 @@ def rank_worker(
 
 def _checkpoint_roundtrip(tr, recipe, optim, grpo, out: Path, rank: int) -> None:
     """Sharded save, load into a fresh sharded trainer: same shards, same optimizer state."""
+    from minite.distributed.fsdp_trainer import DistributedTrainer
     from minite.distributed.sharded_checkpoint import (
         load_sharded_checkpoint,
         save_full_checkpoint,
         save_sharded_checkpoint,
     )
-    from minite.distributed.trainer import DistributedTrainer
 
     ck = save_sharded_checkpoint(out / "ckpt", tr.model, tr.optimizer, {"step": 1, "recipe": recipe.name})
     save_full_checkpoint(out / "full", tr.model, {"step": 1, "recipe": recipe.name})
