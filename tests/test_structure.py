@@ -151,7 +151,6 @@ SHARED_BASENAMES = {
     "paper.py": {"minite", "minite/commands"},
     "plan.py": {"minite/commands", "minite/distributed"},
     "router.py": {"kernels", "minite/nn"},
-    "trainer.py": {"minite/distributed", "minite/engines"},
 }
 
 

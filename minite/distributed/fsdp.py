@@ -11,7 +11,7 @@ single-process trainer's forward runs on (minite.engines.trainer.forward), bit f
 - per-tensor *activation/gradient* amaxes do (minite.nn.functional.amax_sync; the trainer turns it on);
 - gradients come back in bf16 per rank, are cast to fp32 (`reduce_dtype`) and reduce-scattered as a
   plain SUM (no averaging): the loss is already normalized by the global token count
-  (minite.distributed.trainer), so the summed gradient is the one-process gradient of the global batch.
+  (minite.distributed.fsdp_trainer), so the summed gradient is the one-process gradient of the global batch.
 
 `reshard_after_forward=True` frees the gathered weights after each layer's forward and gathers them
 again for the backward (ZeRO-3); False keeps them (ZeRO-2-like, more memory, less communication).

@@ -192,7 +192,7 @@ def broadcast_update(update, *, src: int = 0, bucket_bytes: int = 256 << 20):
     """The WeightUpdate of rank `src` on every rank (a collective). Tensors travel as raw bytes
     (any dtype, FP8 scales and packed FP4 included) in buckets of at most `bucket_bytes` (one tensor
     larger than that goes alone), so the copies are bit-exact."""
-    from minite.distributed.trainer import comm_device
+    from minite.distributed.fsdp_trainer import comm_device
     from minite.engines.base import WeightUpdate
 
     me = dist.get_rank()

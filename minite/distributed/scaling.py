@@ -1,13 +1,14 @@
 """Learner scaling over 1..N processes (`minite bench-scaling`): tokens/s of a complete FSDP2 update.
 
 What is timed, per (model config, recipe, N): one complete learner update of the FSDP2 learner
-(minite.distributed.trainer), exactly the learner side of a `minite train-dist` step: log-prob
+(minite.distributed.fsdp_trainer), exactly the learner side of a `minite train-dist` step: log-prob
 recompute (no grad) + forward + backward + optimizer step, with N processes (`torchrun`, one per GPU,
 NCCL; gloo on CPU) on a *fixed global batch* (strong scaling): `batch` rows of prompt_len +
 completion_len random tokens and random advantages, the same for every N; rank r takes rows
 [r·B/N, (r+1)·B/N) and runs them in micro-batches of `micro_batch` rows. Seconds per update = the
-slowest rank's wall time (barrier, device sync, all-reduce MAX), median over `iters` updates after
-`warmup`; tokens/s = global tokens / that. Speed-up = tokens/s(N) / tokens/s(1), efficiency =
+slowest rank's wall time (barrier, device sync, all-reduce MAX) of the recompute plus the update (the
+gather of the log-probs the equivalence check keeps runs between them, off the clock), median over
+`iters` updates after `warmup`; tokens/s = global tokens / that. Speed-up = tokens/s(N) / tokens/s(1), efficiency =
 speed-up / N.
 
 Equivalence (checked, not assumed): with `micro_batch` dividing B/N for every N, the micro-batches are
@@ -62,7 +63,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minite.distributed.trainer import DistributedTrainer, comm_device
+from minite.distributed.fsdp_trainer import DistributedTrainer, comm_device
 
 GIB = 1024**3
 LR = 1e-4  # large enough that one AdamW step visibly moves the log-probs the equivalence check compares
@@ -352,12 +353,19 @@ def _build_trainer(config: str, recipe, spec: ScalingSpec, device: torch.device)
 
 
 def measure(
-    config: str, recipe_ref: str, spec: ScalingSpec, device: torch.device, log, logps: dict[str, torch.Tensor]
+    config: str,
+    recipe_ref: str,
+    spec: ScalingSpec,
+    device: torch.device,
+    log,
+    logps: dict[str, torch.Tensor],
+    saved=None,
 ) -> dict[str, Any]:
     """One (config, recipe) on the current process group; every rank returns the same row. Rank 0 puts
     the gathered recompute log-probs of updates 0 and 1 into `logps` as soon as they exist (update 0's
-    before the first optimizer step, so they survive an update that does not fit)."""
-    from minite.distributed.trainer import shard_rows
+    before the first optimizer step, so they survive an update that does not fit) and calls `saved()`
+    after update 0's, so that they reach the disk even if the launch is then stopped."""
+    from minite.distributed.fsdp_trainer import shard_rows
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = device.type == "cuda"
@@ -391,6 +399,8 @@ def measure(
             gathered = trainer.gather_logprobs(logp_old).float().cpu()
             if rank == 0:
                 logps[f"{config}/{recipe.name}/update{i}"] = gathered.contiguous()
+                if i == 0 and saved is not None:
+                    saved()
         dist.barrier()
         s = time.perf_counter()
         stats = trainer.update(local, adv_local, logp_old, minibatches=1, micro_batch=spec.micro_batch)
@@ -483,8 +493,17 @@ def worker(spec: ScalingSpec, out_dir: Path) -> None:
         tensors: dict[str, torch.Tensor] = {}
         for config in spec.configs:
             for ref in spec.recipes:
+                # what rows.json says of this case if the launch ends inside it (time limit, crash)
+                rows.append(
+                    {
+                        "config": config,
+                        "recipe": recipe_of(ref).name,
+                        "world_size": world,
+                        "error": "did not finish: the launch ended during this case (time limit or crash)",
+                    }
+                )
                 try:
-                    row = measure(config, ref, spec, device, log, tensors)
+                    row = measure(config, ref, spec, device, log, tensors, lambda: dump(rows, tensors))
                 except Exception as err:  # e.g. out of memory: raised on every rank alike; keep the rest
                     row = {
                         "config": config,
@@ -497,7 +516,7 @@ def worker(spec: ScalingSpec, out_dir: Path) -> None:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                     dist.barrier()
-                rows.append(row)
+                rows[-1] = row
                 if "error" not in row:
                     log(f"{config} {row['recipe']} x{world}: {row['tokens_per_s']:.1f} tokens/s")
                 dump(rows, tensors)

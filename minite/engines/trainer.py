@@ -292,7 +292,7 @@ def sequence_logprobs(
 
 
 class Trainer:
-    """The single-process learner; `minite.distributed.trainer.DistributedTrainer` runs the same GRPO
+    """The single-process learner; `minite.distributed.fsdp_trainer.DistributedTrainer` runs the same GRPO
     update data parallel by overriding the hooks marked "Across ranks" below (identities here), so the
     micro-batch loop in `update` is written once."""
 

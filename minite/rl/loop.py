@@ -137,8 +137,8 @@ def build_learner(
         model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
         model.requires_grad_(not frozen)
         return Trainer(model, recipe, cfg.optim, cfg.grpo, device=device, **kw)
+    from minite.distributed.fsdp_trainer import DistributedTrainer
     from minite.distributed.ranks import materialize
-    from minite.distributed.trainer import DistributedTrainer
 
     # rank 0 reads the weights; the others build the model on the meta device and receive them
     mcfg = AutoConfig.from_pretrained(cfg.model_dir)
@@ -463,6 +463,6 @@ def _my_rows(n: int, ranks: Ranks) -> slice:
     """This rank's contiguous rows of a batch of n (all of them in one process)."""
     if not ranks.data_parallel:
         return slice(0, n)
-    from minite.distributed.trainer import shard_rows
+    from minite.distributed.fsdp_trainer import shard_rows
 
     return shard_rows(n, ranks.rank, ranks.world)

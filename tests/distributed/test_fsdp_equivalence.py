@@ -6,7 +6,7 @@ statistics, the gradients and the updated fp32 master weights:
 
 - bf16, and minite with round-to-nearest gradients: one process with `micro_batch=4` (gradient
   accumulation over the same two slices). Stochastic rounding is off in this minite variant: its draws
-  are taken over the operand's shape, so another split is another draw (minite.distributed.trainer).
+  are taken over the operand's shape, so another split is another draw (minite.distributed.fsdp_trainer).
 - TE-style per-tensor activation/gradient scales, fp32 compute, wgrad in high precision: one process
   with `micro_batch=8`, i.e. the whole batch in one GEMM: this is what the amax all-reduce buys (without
   it each rank would scale by its own 4 rows; the test checks that this would differ).

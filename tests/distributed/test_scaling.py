@@ -26,7 +26,7 @@ def _shards(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        from minite.distributed.trainer import DistributedTrainer
+        from minite.distributed.fsdp_trainer import DistributedTrainer
         from minite.engines.trainer import OptimConfig
         from minite.rl.grpo import GRPOConfig
 

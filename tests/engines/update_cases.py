@@ -128,7 +128,7 @@ def rank_worker(rank: int, world: int, port: int, out_dir: str, minibatches: int
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from minite.distributed.trainer import DistributedTrainer, shard_rows
+    from minite.distributed.fsdp_trainer import DistributedTrainer, shard_rows
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
