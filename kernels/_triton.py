@@ -310,43 +310,36 @@ if HAS_TRITON:
     _DEQUANT_CVT_PTX = tl.constexpr(_SCALE_CVT + _NIBBLES_PTX)
 
     @triton.jit
+    def _asm_pair(p, s, MODE: tl.constexpr):
+        """Both nibbles of the packed bytes p as float16 e2m1 * e4m3 * 2^-9 (low, high) by the PTX
+        above, any shape: s holds one scale per packed byte (p's shape). MODE 0: s float16 from
+        _e4m3_to_f16_x32 (_DEQUANT_PTX); 1: s the raw scale bytes, converted by shifts (exact for bytes
+        < 0x7F); 2: the raw bytes, converted by cvt.rn.f16x2.e4m3x2 (exact for every byte). GPU only."""
+        ptx: tl.constexpr = (
+            _DEQUANT_PTX if MODE == 0 else (_DEQUANT_SHIFT_PTX if MODE == 1 else _DEQUANT_CVT_PTX)
+        )
+        regs: tl.constexpr = "=r,=r,=r,=r,r,r,r" if MODE == 0 else "=r,=r,=r,=r,r,r"  # f16x2 or byte scales
+        return tl.inline_asm_elementwise(
+            ptx, regs, [p, s], dtype=(tl.float16, tl.float16), is_pure=True, pack=4
+        )
+
+    @triton.jit
+    def _spread_scales(s, ROWS: tl.constexpr, HALF_K: tl.constexpr):
+        """(ROWS, HALF_K // 8) scales -> (ROWS, HALF_K): each scale repeated for its 8 packed bytes."""
+        return tl.reshape(tl.broadcast_to(s[:, :, None], (ROWS, HALF_K // 8, 8)), (ROWS, HALF_K))
+
+    @triton.jit
     def _dequant_pair_bytes(p, sb, ROWS: tl.constexpr, HALF_K: tl.constexpr, CVT: tl.constexpr):
         """Both nibbles of p uint8 (ROWS, HALF_K) as float16 e2m1 * e4m3 * 2^-9 (low, high), from the
         raw scale bytes sb uint8 (ROWS, HALF_K // 8). GPU only; CVT=False is exact for bytes < 0x7F."""
-        s = tl.reshape(tl.broadcast_to(sb[:, :, None], (ROWS, HALF_K // 8, 8)), (ROWS, HALF_K))
-        if CVT:
-            return tl.inline_asm_elementwise(
-                _DEQUANT_CVT_PTX,
-                "=r,=r,=r,=r,r,r",
-                [p, s],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
-        else:
-            return tl.inline_asm_elementwise(
-                _DEQUANT_SHIFT_PTX,
-                "=r,=r,=r,=r,r,r",
-                [p, s],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
+        return _asm_pair(p, _spread_scales(sb, ROWS, HALF_K), 2 if CVT else 1)
 
     @triton.jit
     def _dequant_pair(p, s, ROWS: tl.constexpr, HALF_K: tl.constexpr, ASM: tl.constexpr):
         """Both nibbles of p uint8 (ROWS, HALF_K) as float16 e2m1 * e4m3 * 2^-9 (low, high); s float16
         (ROWS, HALF_K // 8) from _e4m3_to_f16_x32. ASM: the PTX above, else element-wise Triton ops."""
         if ASM:
-            sb = tl.reshape(tl.broadcast_to(s[:, :, None], (ROWS, HALF_K // 8, 8)), (ROWS, HALF_K))
-            lo, hi = tl.inline_asm_elementwise(
-                _DEQUANT_PTX,
-                "=r,=r,=r,=r,r,r,r",
-                [p, sb],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
+            lo, hi = _asm_pair(p, _spread_scales(s, ROWS, HALF_K), 0)
         else:
             lo = _dequant_half(p, s, False, ROWS, HALF_K)
             hi = _dequant_half(p, s, True, ROWS, HALF_K)
@@ -375,109 +368,79 @@ if HAS_TRITON:
             return x
 
     @triton.jit
+    def _load_k_step(a_q, a_s, b_q, b_s, k0, qk, sk, EVEN_K: tl.constexpr):
+        """The packed bytes and scale bytes of one K step [k0, k0 + BLOCK_K) of both operands; without
+        EVEN_K the columns where the masks qk (bytes) and sk (scales) are False read 0 (a zero element,
+        a zero scale). Unmasked loads vectorize and skip a predicate an element."""
+        if EVEN_K:
+            ap = tl.load(a_q + k0 // 2)
+            asb = tl.load(a_s + k0 // 16)
+            bp = tl.load(b_q + k0 // 2)
+            bsb = tl.load(b_s + k0 // 16)
+        else:
+            ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
+            asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
+            bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
+            bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
+        return ap, asb, bp, bsb
+
+    @triton.jit
+    def _k_masks(k0, k_hi, HK: tl.constexpr, SK: tl.constexpr):
+        """(1, HK) and (1, SK) masks of the packed-byte and scale columns of the K step at k0 below k_hi."""
+        return ((k0 // 2 + tl.arange(0, HK)) < k_hi // 2)[None, :], (
+            (k0 // 16 + tl.arange(0, SK)) < k_hi // 16
+        )[None, :]
+
+    @triton.jit
+    def _mma_step(
+        acc, a_lo, a_hi, b_lo, b_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HK: tl.constexpr
+    ):
+        """One K step on the MMA: the low-nibble halves, then the high ones, each in `_k_order`."""
+        a_lo, a_hi = _k_order(a_lo, BLOCK_M, HK), _k_order(a_hi, BLOCK_M, HK)
+        b_lo, b_hi = _k_order(b_lo, BLOCK_N, HK), _k_order(b_hi, BLOCK_N, HK)
+        acc = tl.dot(a_lo, tl.trans(b_lo), acc)
+        return tl.dot(a_hi, tl.trans(b_hi), acc)
+
+    @triton.jit
     def _w4a4_mainloop_exact(
-        a_q,
-        a_s,
-        b_q,
-        b_s,
-        k_lo,
-        k_hi,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        ASM: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
+        a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES
     ):
         HK: tl.constexpr = BLOCK_K // 2
         SK: tl.constexpr = BLOCK_K // 16
-        kb = tl.arange(0, HK)
-        ks = tl.arange(0, SK)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
-                ap = tl.load(a_q + k0 // 2)
-                asb = tl.load(a_s + k0 // 16)
-                bp = tl.load(b_q + k0 // 2)
-                bsb = tl.load(b_s + k0 // 16)
-            else:
-                qk = ((k0 // 2 + kb) < k_hi // 2)[None, :]
-                sk = ((k0 // 16 + ks) < k_hi // 16)[None, :]
-                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
-                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
-                bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
-                bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
+            qk, sk = _k_masks(k0, k_hi, HK, SK)
+            ap, asb, bp, bsb = _load_k_step(a_q, a_s, b_q, b_s, k0, qk, sk, EVEN_K)
             a_lo, a_hi = _dequant_pair(ap, _e4m3_to_f16_x32(asb), BLOCK_M, HK, ASM)
             b_lo, b_hi = _dequant_pair(bp, _e4m3_to_f16_x32(bsb), BLOCK_N, HK, ASM)
-            a_lo, a_hi = _k_order(a_lo, BLOCK_M, HK), _k_order(a_hi, BLOCK_M, HK)
-            b_lo, b_hi = _k_order(b_lo, BLOCK_N, HK), _k_order(b_hi, BLOCK_N, HK)
-            acc = tl.dot(a_lo, tl.trans(b_lo), acc)
-            acc = tl.dot(a_hi, tl.trans(b_hi), acc)
+            acc = _mma_step(acc, a_lo, a_hi, b_lo, b_hi, BLOCK_M, BLOCK_N, HK)
         return acc
 
     @triton.jit
     def _w4a4_mainloop_fast(
-        a_q,
-        a_s,
-        b_q,
-        b_s,
-        k_lo,
-        k_hi,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-        CVT: tl.constexpr,
+        a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, NUM_STAGES, CVT
     ):
         """_w4a4_mainloop_exact with the byte-scale decoder; also returns the largest scale byte read
         (0 with CVT, which needs no check)."""
         HK: tl.constexpr = BLOCK_K // 2
         SK: tl.constexpr = BLOCK_K // 16
-        kb = tl.arange(0, HK)
-        ks = tl.arange(0, SK)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         amax_a = tl.zeros((BLOCK_M, SK), dtype=tl.uint8)
         amax_b = tl.zeros((BLOCK_N, SK), dtype=tl.uint8)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
-                ap = tl.load(a_q + k0 // 2)
-                asb = tl.load(a_s + k0 // 16)
-                bp = tl.load(b_q + k0 // 2)
-                bsb = tl.load(b_s + k0 // 16)
-            else:
-                qk = ((k0 // 2 + kb) < k_hi // 2)[None, :]
-                sk = ((k0 // 16 + ks) < k_hi // 16)[None, :]
-                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
-                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
-                bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
-                bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
+            qk, sk = _k_masks(k0, k_hi, HK, SK)
+            ap, asb, bp, bsb = _load_k_step(a_q, a_s, b_q, b_s, k0, qk, sk, EVEN_K)
             if not CVT:
                 amax_a = tl.maximum(amax_a, asb)
                 amax_b = tl.maximum(amax_b, bsb)
             a_lo, a_hi = _dequant_pair_bytes(ap, asb, BLOCK_M, HK, CVT)
             b_lo, b_hi = _dequant_pair_bytes(bp, bsb, BLOCK_N, HK, CVT)
-            a_lo, a_hi = _k_order(a_lo, BLOCK_M, HK), _k_order(a_hi, BLOCK_M, HK)
-            b_lo, b_hi = _k_order(b_lo, BLOCK_N, HK), _k_order(b_hi, BLOCK_N, HK)
-            acc = tl.dot(a_lo, tl.trans(b_lo), acc)
-            acc = tl.dot(a_hi, tl.trans(b_hi), acc)
+            acc = _mma_step(acc, a_lo, a_hi, b_lo, b_hi, BLOCK_M, BLOCK_N, HK)
         return acc, tl.maximum(tl.max(tl.max(amax_a, axis=1), axis=0), tl.max(tl.max(amax_b, axis=1), axis=0))
 
     @triton.jit
     def _w4a4_mainloop(
-        a_q,
-        a_s,
-        b_q,
-        b_s,
-        k_lo,
-        k_hi,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        ASM: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-        DEQ: tl.constexpr,
+        a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ
     ):
         """sum over k in [k_lo, k_hi) (multiples of 16) of A[:, k] B[:, k], float32, times 2^-18.
 
@@ -511,26 +474,74 @@ if HAS_TRITON:
         g = tl.load(gs_ptrs, mask=mask, other=1.0)
         return tl.math.div_rn(tl.full(g.shape, 1.0, tl.float32), g)
 
+    _ACC_SHIFT = tl.constexpr(ACC_SHIFT)
+
     @triton.jit
-    def _gemm_epilogue(
-        acc,
-        rm,
-        rn,
-        mmask,
-        nmask,
-        ags_ptr,
-        bgs_ptr,
-        bias_ptr,
-        out_ptr,
-        stride_om,
-        A_GS_ROW: tl.constexpr,
-        B_GS_ROW: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
-        OUT_BF16: tl.constexpr,
+    def _k_range(pid_k, K_PER_SPLIT, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        """Program pid_k's share [k_lo, k_hi) of K: whole K steps of K_PER_SPLIT, the last share may be
+        short; all of K when SPLIT_K == 1."""
+        if SPLIT_K == 1:
+            k_lo = 0
+            k_hi = K
+        else:
+            k_lo = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
+            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        return k_lo, k_hi
+
+    @triton.jit
+    def _row_pointers(q_ptr, s_ptr, r, mask, stride_q, stride_s, BLOCK_K: tl.constexpr):
+        """Pointers (rows, BLOCK_K // 2) to the packed bytes and (rows, BLOCK_K // 16) to the scale bytes
+        of element 0 of rows r, the layout `_w4a4_mainloop` takes. A row past the end (mask False) reads
+        row 0 instead (finite, and never stored), so the loads need no row mask."""
+        rr = tl.where(mask, r, 0).to(tl.int64)
+        q = q_ptr + rr[:, None] * stride_q + tl.arange(0, BLOCK_K // 2)[None, :]
+        return q, s_ptr + rr[:, None] * stride_s + tl.arange(0, BLOCK_K // 16)[None, :]
+
+    @triton.jit
+    def _w4a4_tile(ops, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ, SWAP_AB):
+        """The (BLOCK_M, BLOCK_N) float32 tile A Bᵀ · 2^-18 over [k_lo, k_hi) (`_w4a4_mainloop`); ops =
+        (a_q, a_s, b_q, b_s) from `_row_pointers`. SWAP_AB computes it as (B Aᵀ)ᵀ: B's rows fill the MMA's
+        M side (wgmma, 64 rows a warpgroup) and the few rows of A its N side (16), the same products in
+        the same K order, so on the H200 the same bits."""
+        a_q, a_s, b_q, b_s = ops
+        if SWAP_AB:
+            acc_t = _w4a4_mainloop(
+                b_q, b_s, a_q, a_s, k_lo, k_hi, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ
+            )
+            return tl.trans(acc_t)
+        else:
+            return _w4a4_mainloop(
+                a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ
+            )
+
+    @triton.jit
+    def _w4a4_tile_serial_split(
+        ops, K, K_PER_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ, SPLIT_K
     ):
-        """out = acc · ACC_SHIFT · s_dec_a · s_dec_b (+ bias), stored in the output dtype."""
-        out = acc * ACC_SHIFT
+        """The tile `_store_tile` forms from SPLIT_K programs' partial sums, formed in one program: the
+        partial over share s = [s·K_PER_SPLIT, min((s + 1)·K_PER_SPLIT, K)) computed one after the other
+        and added in the order 0, 1, ... (total = p_0; total += p_s), exactly `_split_k_total`'s float32
+        additions on exactly its partials: the split launch's bits without its workspace, its second pass
+        over M·N·SPLIT_K floats and its tickets (what a many-row tile wants)."""
+        k_hi = tl.minimum(K_PER_SPLIT, K)
+        total = _w4a4_tile(ops, 0, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ, False)
+        for s in tl.static_range(1, SPLIT_K):
+            k_lo = tl.multiple_of(s * K_PER_SPLIT, BLOCK_K)
+            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+            total += _w4a4_tile(
+                ops, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ, False
+            )
+        return total
+
+    @triton.jit
+    def _gemm_epilogue(acc, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16):
+        """out = acc · 2^18 · s_dec_a · s_dec_b (+ bias), stored in the output dtype. rows = (rm, mmask),
+        cols = (rn, nmask): the tile's output rows and columns; ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr,
+        stride_om): the global scales (one per row of A / of B, or one scalar), bias, output."""
+        rm, mmask = rows
+        rn, nmask = cols
+        ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om = ep
+        out = acc * _ACC_SHIFT
         if A_GS_ROW:
             out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
         else:
@@ -572,70 +583,19 @@ if HAS_TRITON:
         tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _store_tile(
-        acc,
-        ws_ptr,
-        stride_ws,
-        lock_ptr,
-        tile,
-        pid_k,
-        N,
-        rm,
-        rn,
-        mmask,
-        nmask,
-        ags_ptr,
-        bgs_ptr,
-        bias_ptr,
-        out_ptr,
-        stride_om,
-        SPLIT_K: tl.constexpr,
-        A_GS_ROW: tl.constexpr,
-        B_GS_ROW: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
-        OUT_BF16: tl.constexpr,
-    ):
-        """A W4A4 kernel's output tile: the NVFP4 epilogue on `acc`, or with SPLIT_K > 1 on the sum of
-        the tile's partials, added by its last program in a fixed order (`_split_k_ticket`)."""
+    def _store_tile(acc, sk, tile, pid_k, N, rows, cols, ep, SPLIT_K, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16):
+        """A W4A4 kernel's output tile: `_gemm_epilogue` on `acc`, or with SPLIT_K > 1 on the sum of the
+        tile's partials, added by its last program in a fixed order (`_split_k_ticket`); sk = (ws_ptr,
+        stride_ws, lock_ptr): the partials' workspace, its plane stride and the tiles' counters."""
         if SPLIT_K == 1:
-            _gemm_epilogue(
-                acc,
-                rm,
-                rn,
-                mmask,
-                nmask,
-                ags_ptr,
-                bgs_ptr,
-                bias_ptr,
-                out_ptr,
-                stride_om,
-                A_GS_ROW,
-                B_GS_ROW,
-                HAS_BIAS,
-                ACC_SHIFT,
-                OUT_BF16,
-            )
+            _gemm_epilogue(acc, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
         else:
+            ws_ptr, stride_ws, lock_ptr = sk
+            rm, mmask = rows
+            rn, nmask = cols
             offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
             wmask = mmask[:, None] & nmask[None, :]
             if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1:
                 total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
-                _gemm_epilogue(
-                    total,
-                    rm,
-                    rn,
-                    mmask,
-                    nmask,
-                    ags_ptr,
-                    bgs_ptr,
-                    bias_ptr,
-                    out_ptr,
-                    stride_om,
-                    A_GS_ROW,
-                    B_GS_ROW,
-                    HAS_BIAS,
-                    ACC_SHIFT,
-                    OUT_BF16,
-                )
+                _gemm_epilogue(total, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
                 _split_k_release(lock_ptr, tile)

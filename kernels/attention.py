@@ -53,8 +53,8 @@ import math
 
 import torch
 
+from ._launch import _locks
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
-from .decode import _locks
 
 BLOCK_N = 64  # keys per block: part of the algorithm (the trainer and the sampler must agree)
 SPLIT = 1024  # keys per chunk: part of the algorithm, a multiple of BLOCK_N

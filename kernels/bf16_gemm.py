@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ._launch import _locks
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
-from .decode import _locks
 
 if HAS_TRITON:
     from ._triton import _split_k_release, _split_k_ticket, _split_k_total, _store_out

@@ -38,17 +38,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import ACC_SHIFT, HAS_TRITON, empty, interpret_mode, out_arg, tl, triton
+from ._launch import split_buffers, split_plan, w4a4_args
+from ._triton import HAS_TRITON, interpret_mode, out_arg, tl, triton
 
 if HAS_TRITON:
-    from ._triton import (
-        _DEQUANT_CVT_PTX,
-        _DEQUANT_PTX,
-        _DEQUANT_SHIFT_PTX,
-        _dequant_half,
-        _e4m3_to_f16_x32,
-        _store_tile,
-    )
+    from ._triton import _asm_pair, _dequant_half, _e4m3_to_f16_x32, _load_k_step, _store_tile
 
 DECODE_MAX_M = 16  # rows handled by the decode kernel (one MMA row tile)
 
@@ -110,27 +104,12 @@ def decode_split(n: int, k: int, cfg: DecodeConfig, device_index: int = 0, max_s
     return split
 
 
-_LOCKS: dict[tuple[int, int], torch.Tensor] = {}
-# every counter buffer ever handed out stays alive: a CUDA graph captured with a smaller one keeps
-# using it after a larger problem (say the trainer's, beside a captured sampler) replaced it here
-_RETIRED_LOCKS: list[torch.Tensor] = []
-
-
-def _locks(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 counter buffer of at least n entries for this device and stream (the split-K
-    kernels return every counter they use to 0)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.index or 0, stream) if device.type == "cuda" else (-1, 0)
-    buf = _LOCKS.get(key)
-    if buf is None or buf.numel() < n or buf.device != device:
-        if buf is not None:
-            _RETIRED_LOCKS.append(buf)
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _LOCKS[key] = buf
-    return buf
-
-
 if HAS_TRITON:
+
+    @triton.jit
+    def _spread_scales3(s, KS: tl.constexpr, ROWS: tl.constexpr, HK: tl.constexpr):
+        """(KS, ROWS, HK // 8) scales -> (KS, ROWS, HK): each scale repeated for its 8 packed bytes."""
+        return tl.reshape(tl.broadcast_to(s[:, :, :, None], (KS, ROWS, HK // 8, 8)), (KS, ROWS, HK))
 
     @triton.jit
     def _dequant_pair3_exact(
@@ -140,15 +119,7 @@ if HAS_TRITON:
         exact for every scale byte (NaN and sign included)."""
         s = _e4m3_to_f16_x32(sb)
         if ASM:
-            sx = tl.reshape(tl.broadcast_to(s[:, :, :, None], (KS, ROWS, HK // 8, 8)), (KS, ROWS, HK))
-            lo, hi = tl.inline_asm_elementwise(
-                _DEQUANT_PTX,
-                "=r,=r,=r,=r,r,r,r",
-                [p, sx],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
+            lo, hi = _asm_pair(p, _spread_scales3(s, KS, ROWS, HK), 0)
         else:
             p2 = tl.reshape(p, (KS * ROWS, HK))
             s2 = tl.reshape(s, (KS * ROWS, HK // 8))
@@ -157,45 +128,8 @@ if HAS_TRITON:
         return lo, hi
 
     @triton.jit
-    def _dequant_pair3_bytes(
-        p, sb, KS: tl.constexpr, ROWS: tl.constexpr, HK: tl.constexpr, CVT: tl.constexpr
-    ):
-        sx = tl.reshape(tl.broadcast_to(sb[:, :, :, None], (KS, ROWS, HK // 8, 8)), (KS, ROWS, HK))
-        if CVT:
-            return tl.inline_asm_elementwise(
-                _DEQUANT_CVT_PTX,
-                "=r,=r,=r,=r,r,r",
-                [p, sx],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
-        else:
-            return tl.inline_asm_elementwise(
-                _DEQUANT_SHIFT_PTX,
-                "=r,=r,=r,=r,r,r",
-                [p, sx],
-                dtype=(tl.float16, tl.float16),
-                is_pure=True,
-                pack=4,
-            )
-
-    @triton.jit
     def _sliced_mainloop(
-        a_q,
-        a_s,
-        b_q,
-        b_s,
-        k_lo,
-        k_hi,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        KS: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-        MODE: tl.constexpr,  # 0 exact (Triton ops or f16-scale PTX), 1 byte scales by shifts, 2 by cvt
-        ASM: tl.constexpr,
+        a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, KS, EVEN_K, NUM_STAGES, MODE, ASM
     ):
         """(KS, BLOCK_M, BLOCK_N) partial sums over [k_lo, k_hi), slice s of each K step in entry s,
         and the largest scale byte read (MODE 1; else 0). Pointers are (KS, rows, HK) / (KS, rows,
@@ -209,18 +143,9 @@ if HAS_TRITON:
         smax_a = tl.zeros((KS, BLOCK_M, SK), dtype=tl.uint8)
         smax_b = tl.zeros((KS, BLOCK_N, SK), dtype=tl.uint8)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
-                ap = tl.load(a_q + k0 // 2)
-                asb = tl.load(a_s + k0 // 16)
-                bp = tl.load(b_q + k0 // 2)
-                bsb = tl.load(b_s + k0 // 16)
-            else:
-                qk = (k0 // 2 + sl[:, None, None] * HK + kb[None, None, :]) < k_hi // 2
-                sk = (k0 // 16 + sl[:, None, None] * SK + ks[None, None, :]) < k_hi // 16
-                ap = tl.load(a_q + k0 // 2, mask=qk, other=0)
-                asb = tl.load(a_s + k0 // 16, mask=sk, other=0)
-                bp = tl.load(b_q + k0 // 2, mask=qk, other=0)
-                bsb = tl.load(b_s + k0 // 16, mask=sk, other=0)
+            qk = (k0 // 2 + sl[:, None, None] * HK + kb[None, None, :]) < k_hi // 2
+            sk = (k0 // 16 + sl[:, None, None] * SK + ks[None, None, :]) < k_hi // 16
+            ap, asb, bp, bsb = _load_k_step(a_q, a_s, b_q, b_s, k0, qk, sk, EVEN_K)
             if MODE == 0:
                 a_lo, a_hi = _dequant_pair3_exact(ap, asb, KS, BLOCK_M, HK, ASM)
                 b_lo, b_hi = _dequant_pair3_exact(bp, bsb, KS, BLOCK_N, HK, ASM)
@@ -228,8 +153,8 @@ if HAS_TRITON:
                 if MODE == 1:
                     smax_a = tl.maximum(smax_a, asb)
                     smax_b = tl.maximum(smax_b, bsb)
-                a_lo, a_hi = _dequant_pair3_bytes(ap, asb, KS, BLOCK_M, HK, MODE == 2)
-                b_lo, b_hi = _dequant_pair3_bytes(bp, bsb, KS, BLOCK_N, HK, MODE == 2)
+                a_lo, a_hi = _asm_pair(ap, _spread_scales3(asb, KS, BLOCK_M, HK), MODE)
+                b_lo, b_hi = _asm_pair(bp, _spread_scales3(bsb, KS, BLOCK_N, HK), MODE)
             acc = tl.dot(a_lo, tl.permute(b_lo, (0, 2, 1)), acc)
             acc = tl.dot(a_hi, tl.permute(b_hi, (0, 2, 1)), acc)
         smax = tl.maximum(
@@ -259,6 +184,7 @@ if HAS_TRITON:
         stride_bq,
         stride_bs,
         stride_om,
+        stride_ws,
         A_GS_ROW: tl.constexpr,
         B_GS_ROW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
@@ -266,7 +192,6 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         KS: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
         DEQ: tl.constexpr,
         ASM: tl.constexpr,
         EVEN_K: tl.constexpr,
@@ -303,30 +228,10 @@ if HAS_TRITON:
                     a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, KS, EVEN_K, NUM_STAGES, 0, ASM
                 )
         acc = tl.sum(acc3, axis=0)
-        _store_tile(
-            acc,
-            ws_ptr,
-            M * N,  # M <= 16 rows: no overflow
-            lock_ptr,
-            pid_n,
-            pid_k,
-            N,
-            rm,
-            rn,
-            mmask,
-            nmask,
-            ags_ptr,
-            bgs_ptr,
-            bias_ptr,
-            out_ptr,
-            stride_om,
-            SPLIT_K,
-            A_GS_ROW,
-            B_GS_ROW,
-            HAS_BIAS,
-            ACC_SHIFT,
-            OUT_BF16,
-        )
+        sk = (ws_ptr, stride_ws, lock_ptr)  # M <= 16 rows: a plane stride M * N cannot overflow
+        ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om)
+        rows, cols = (rm, mmask), (rn, nmask)
+        _store_tile(acc, sk, pid_n, pid_k, N, rows, cols, ep, SPLIT_K, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
 
 
 def decode_matmul(
@@ -338,33 +243,12 @@ def decode_matmul(
         raise ValueError(f"decode kernel: at most {DECODE_MAX_M} rows, got {m}")
     dev_index = aq.device.index or 0
     split = decode_split(n, k, cfg, dev_index)
-    k_per = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
-    split = triton.cdiv(k, k_per)  # a split with nothing to add is dropped
+    k_per, split = split_plan(k, split, cfg.block_k)
     tiles = triton.cdiv(n, cfg.block_n)
-    ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
-    lock = _locks(aq.device, tiles) if split > 1 else out
-    interp = interpret_mode()
+    ws, lock = split_buffers(aq.device, split, m, n, tiles, out)
     out_view, out_bf16 = out_arg(out)
     _nvfp4_decode_kernel[(tiles, split)](
-        aq,
-        as_,
-        ags,
-        bq,
-        bs_,
-        bgs,
-        bias if bias is not None else ags,
-        out_view,
-        ws,
-        lock,
-        m,
-        n,
-        k,
-        k_per,
-        aq.stride(0),
-        as_.stride(0),
-        bq.stride(0),
-        bs_.stride(0),
-        out.stride(0),
+        *w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_per, out.stride(0)),
         A_GS_ROW=a_row,
         B_GS_ROW=b_row,
         HAS_BIAS=bias is not None,
@@ -372,9 +256,8 @@ def decode_matmul(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         KS=cfg.k_slices,
-        ACC_SHIFT=ACC_SHIFT,
         DEQ=cfg.deq(),
-        ASM=not interp,
+        ASM=not interpret_mode(),
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,

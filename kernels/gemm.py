@@ -20,9 +20,10 @@ because a timing came out differently):
   on the H200 and is kept as an option.
 - decoders (GemmConfig.dequant, GPU): 2 (default) passes the raw E4M3 scale bytes into the PTX,
   which converts them with cvt.rn.f16x2.e4m3x2 (exact for every byte); 1 builds the float16 bits by
-  shifts and re-runs the tile exactly if a NaN or negative scale byte was read; 0 is the previous
-  decoder (float16 scale registers built by Triton). On the H200 (results/bench/kernels_h200.json)
-  2 took the grouped forward from 0.902 to 0.841 ms and the 8192^3 fused kernel to 3.21 ms.
+  shifts and re-runs the tile exactly if a NaN or negative scale byte was read; 0 builds float16
+  scale registers with Triton ops (the interpreter's decoder). On the H200
+  (results/bench/kernels_h200.json) 2 runs the grouped forward in 0.841 ms against 0.902 for 0, and
+  the 8192^3 fused kernel in 3.21 ms: fewer instructions a K step for the same exact values.
 - prefill: 128x256 tiles (wgmma, two warpgroups).
 - batch_invariant=True: one config for every M (its K split depends on N and K only), so every output
   element is produced by the same sequence of instructions whatever M is and whatever the other rows
@@ -40,6 +41,7 @@ because a timing came out differently):
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -47,8 +49,8 @@ import torch
 from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import NVFP4Tensor
 
+from ._launch import split_buffers, split_plan, w4a4_args
 from ._triton import (
-    ACC_SHIFT,
     HAS_TRITON,
     check_device,
     empty,
@@ -58,15 +60,18 @@ from ._triton import (
     tl,
     triton,
 )
-from .decode import DECODE_MAX_M, DecodeConfig, _locks, decode_matmul
+from .decode import DECODE_MAX_M, DecodeConfig, decode_matmul
 
 if HAS_TRITON:
     from ._triton import (
         _dequant_pair,
         _e4m3_to_f16_x32,
         _gemm_epilogue,
+        _k_range,
+        _row_pointers,
         _store_tile,
-        _w4a4_mainloop,
+        _w4a4_tile,
+        _w4a4_tile_serial_split,
     )
 
 
@@ -84,6 +89,8 @@ class GemmConfig:
     dequant: int = 2  # GPU decoder (_triton._w4a4_mainloop DEQ): 0 float16 scale registers, 1 byte scales by
     # shifts (exact re-run on NaN/negative scales), 2 byte scales by cvt.rn.f16x2.e4m3x2
     maxnreg: int | None = None  # GPU: cap on registers a thread (more resident programs; ptxas may spill)
+    serial_split: bool = False  # the split_k K shares summed one after the other in one program: the split
+    # launch's bits (same K ranges, partials added in the same order) without its workspace pass
 
     def __post_init__(self) -> None:
         if self.block_k % 32 or self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
@@ -94,6 +101,11 @@ class GemmConfig:
             raise ValueError(
                 f"GemmConfig: swap_ab puts block_m activation rows on the MMA's N side, a "
                 f"multiple of 16, got {self}"
+            )
+        if self.serial_split and self.swap_ab:
+            raise ValueError(
+                f"GemmConfig: serial_split is for many-row tiles; swap_ab (at most block_m rows) splits K "
+                f"over programs instead, got {self}"
             )
         if self.dequant not in (0, 1, 2):
             raise ValueError(f"GemmConfig: dequant must be 0, 1 or 2, got {self.dequant}")
@@ -117,9 +129,9 @@ class GemmConfig:
 # decode, M=16, activation pre-quantized, CUDA graph: this config with split 4 ran N=K=4096 in 14.0 us
 # and N=K=8192 in 37.8 us (cuBLAS bf16: 13.5 / 33.5 us); the swap_ab variant 16x128x128 split 8 took
 # 16.1 / 43.2 us, with split 16 38.2 us at 4096.
-# Since 2026-11-30 (second H200 run) the auto path uses it for M <= 16 below DECODE_KERNEL_MIN_NK only,
-# with the float16-scale decoder it was measured with there (13.74 / 14.00 us at N=K=4096; 19.7 / 20.2 us
-# on 2026-12-01 with its partial sums added in-kernel and the K-order permutation).
+# The auto path runs it for M <= 16 below DECODE_KERNEL_MIN_NK only, with the float16-scale decoder its
+# times were taken with (19.7 / 20.2 us at N=K=4096, M = 1 / 16, partial sums added in-kernel, K-order
+# permutation; results/bench/kernels_h200.json).
 DECODE_CONFIG = GemmConfig(16, 64, 256, num_warps=4, num_stages=4, group_m=1, dequant=0)
 # 17-64 rows: the tiles along N alone leave most SMs idle (N / 128 programs, 4 at N = 512), so K is split
 # as in the batch-invariant config. H200, M = 64, this tile with split <= 4: 13.1 / 10.0 / 14.5 us at N x K
@@ -141,13 +153,24 @@ BATCH_INVARIANT_CONFIG = GemmConfig(64, 64, 128, num_warps=4, num_stages=4)
 # _triton._k_order: 7.7 / 7.2 / 10.6 against 12.8 / 7.2 / 13.8 for the 64x64 tile (cuBLAS bf16 5.7 / 5.4 /
 # 8.4; scripts/gpu/decode_configs.py, results/bench/history/decode_h200.md).
 BATCH_INVARIANT_FEW_ROWS_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
+# Its many-row twin, off unless switched on (`large_tiles`, or the environment variable BI_LARGE_TILES_ENV
+# set to 1): the 128x256 wgmma tile with the K split of the 64x64 tile, its shares summed one after the
+# other in one program (`serial_split`: the same K ranges and order, the partials added in the same
+# order). On the H200 wgmma tiles of one K step give the same bits whatever their shape
+# (scripts/gpu/tile_bits.py), so a trainer on this tile keeps the bits of a sampler on the few-row
+# tile; the interpreter tests check everything but the MMA's rounding, scripts/gpu/gemm_invariant_h200.sh
+# checks the bits and times it on the GPU. From BATCH_INVARIANT_LARGE_MIN_M rows: fewer rows leave SMs
+# idle on 128x256 tiles (32 column tiles at N = 8192).
+BATCH_INVARIANT_LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3, serial_split=True)
+BATCH_INVARIANT_LARGE_MIN_M = 1024
+BI_LARGE_TILES_ENV = "MINITE_BI_LARGE_TILES"
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
 # M <= 16: the decode kernel (decode.py) from this many weights, the fused DECODE_CONFIG path below.
 # H200, CUDA graph, us at M = 1 / 16 (results/bench/kernels_h200.json, 2026-12-01): N=K=4096 decode
 # kernel 15.9 / 14.0, fused split-4 path 19.7 / 20.2; N=K=8192 decode kernel 34.1 / 29.8, fused 61.2 /
-# 63.2. (On 2026-11-30 the fused path had been the faster at 4096: 13.74 / 14.00 against 15.74 / 13.85.)
-# Both are deterministic and independent of M. Smaller weights were not timed against each other.
+# 63.2. Both are deterministic and independent of M; at 4096 the two are within run-to-run spread
+# (results/bench/history/ holds the other runs). Smaller weights were not timed against each other.
 DECODE_KERNEL_MIN_NK = 4096 * 4096
 
 
@@ -170,9 +193,32 @@ def split_for(n: int, k: int, cfg: GemmConfig, device_index: int = 0, max_split:
     return split
 
 
-def pick_config(m: int, n: int, k: int, batch_invariant: bool = False, device_index: int = 0) -> GemmConfig:
+def large_tiles_on(large_tiles: bool | None = None) -> bool:
+    """Whether batch-invariant GEMMs of many rows run BATCH_INVARIANT_LARGE_CONFIG: `large_tiles` when
+    given, else the environment variable BI_LARGE_TILES_ENV ("1" on; unset, "" or "0" off)."""
+    if large_tiles is not None:
+        return large_tiles
+    value = os.environ.get(BI_LARGE_TILES_ENV, "0")
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"{BI_LARGE_TILES_ENV} must be 0 or 1 (the large batch-invariant tile), got {value!r}"
+        )
+    return value == "1"
+
+
+def pick_config(
+    m: int,
+    n: int,
+    k: int,
+    batch_invariant: bool = False,
+    device_index: int = 0,
+    large_tiles: bool | None = None,
+) -> GemmConfig:
     """The config for an (M, N, K) problem: a fixed function of the shape (no autotuning, so a run
-    never changes its summation order because a timing came out differently)."""
+    never changes its summation order because a timing came out differently). Batch-invariant configs
+    all take the K split of BATCH_INVARIANT_CONFIG (a function of N and K), so they share K ranges and
+    order; `large_tiles` (see `large_tiles_on`) picks BATCH_INVARIANT_LARGE_CONFIG from
+    BATCH_INVARIANT_LARGE_MIN_M rows."""
     if m <= 16 and not batch_invariant:
         return replace(DECODE_CONFIG, split_k=split_for(n, k, DECODE_CONFIG, device_index))
     if batch_invariant or m <= 64:
@@ -180,6 +226,8 @@ def pick_config(m: int, n: int, k: int, batch_invariant: bool = False, device_in
         split = min(4, split_for(n, k, cfg, device_index))  # from the shared tile: the same K ranges
         if batch_invariant and m <= BATCH_INVARIANT_FEW_ROWS_CONFIG.block_m:
             cfg = BATCH_INVARIANT_FEW_ROWS_CONFIG
+        elif batch_invariant and m >= BATCH_INVARIANT_LARGE_MIN_M and large_tiles_on(large_tiles):
+            cfg = BATCH_INVARIANT_LARGE_CONFIG
         return replace(cfg, split_k=split)
     return LARGE_CONFIG
 
@@ -215,176 +263,54 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         GROUP_M: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
         DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         SPLIT_K: tl.constexpr,
         OUT_BF16: tl.constexpr,
+        SWAP_AB: tl.constexpr,
+        SERIAL_SPLIT: tl.constexpr,
     ):
-        # grouped program order (Triton tutorial 03): GROUP_M row tiles share their B tiles in L2
+        """One (BLOCK_M, BLOCK_N) output tile of A Bᵀ over program_id(1)'s share of K. SWAP_AB (few
+        rows, M <= BLOCK_M): the product computed transposed (`_w4a4_tile`), one row tile, program_id(0)
+        walks N; else GROUP_M row tiles share their B tiles in L2 (Triton tutorial 03's program order)."""
         pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(N, BLOCK_N)
-        width = GROUP_M * num_n
-        group = pid // width
-        first_m = group * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % width) % size_m
-        pid_n = (pid % width) // size_m
-
+        if SWAP_AB:
+            pid_m = 0
+            pid_n = pid
+        else:
+            num_m = tl.cdiv(M, BLOCK_M)
+            width = GROUP_M * tl.cdiv(N, BLOCK_N)
+            first_m = (pid // width) * GROUP_M
+            size_m = tl.minimum(num_m - first_m, GROUP_M)
+            pid_m = first_m + (pid % width) % size_m
+            pid_n = (pid % width) // size_m
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mmask = rm < M
         nmask = rn < N
-        # rows past the end read row 0 instead (finite, and never stored): no row mask on the loads
-        ra = tl.where(mmask, rm, 0).to(tl.int64)
-        rb = tl.where(nmask, rn, 0).to(tl.int64)
-        kb = tl.arange(0, BLOCK_K // 2)
-        ks = tl.arange(0, BLOCK_K // 16)
-        if SPLIT_K == 1:
-            k_lo = 0
-            k_hi = K
-        else:  # this program's share of K: whole K steps, the last share may be short
-            k_lo = tl.multiple_of(tl.program_id(1) * K_PER_SPLIT, BLOCK_K)
-            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-        acc = _w4a4_mainloop(
-            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
-            as_ptr + ra[:, None] * stride_as + ks[None, :],
-            bq_ptr + rb[:, None] * stride_bq + kb[None, :],
-            bs_ptr + rb[:, None] * stride_bs + ks[None, :],
-            k_lo,
-            k_hi,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            EVEN_K,
-            DEQUANT_ASM,
-            NUM_STAGES,
-            DEQ,
-        )
-        _store_tile(
-            acc,
-            ws_ptr,
-            stride_ws,
-            lock_ptr,
-            pid,
-            tl.program_id(1),
-            N,
-            rm,
-            rn,
-            mmask,
-            nmask,
-            ags_ptr,
-            bgs_ptr,
-            bias_ptr,
-            out_ptr,
-            stride_om,
-            SPLIT_K,
-            A_GS_ROW,
-            B_GS_ROW,
-            HAS_BIAS,
-            ACC_SHIFT,
-            OUT_BF16,
-        )
-
-    @triton.jit
-    def _nvfp4_gemm_swapped_kernel(
-        aq_ptr,
-        as_ptr,
-        ags_ptr,
-        bq_ptr,
-        bs_ptr,
-        bgs_ptr,
-        bias_ptr,
-        out_ptr,
-        ws_ptr,
-        lock_ptr,
-        M,
-        N,
-        K,
-        K_PER_SPLIT,
-        stride_aq,
-        stride_as,
-        stride_bq,
-        stride_bs,
-        stride_om,
-        stride_ws,
-        A_GS_ROW: tl.constexpr,
-        B_GS_ROW: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
-        DEQUANT_ASM: tl.constexpr,
-        DEQ: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-        SPLIT_K: tl.constexpr,
-        OUT_BF16: tl.constexpr,
-    ):
-        """Few-row (decode) W4A4: the product computed transposed, accᵀ = B Aᵀ, so the many weight
-        rows fill the MMA's M dimension (wgmma, 64 rows a warpgroup) and the few activation rows
-        its N dimension (16): the same products in the same K order as `_nvfp4_gemm_kernel`'s wgmma
-        tiles, hence (on the H200) the same bits. K split over SPLIT_K programs as there."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rm = tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = rm < M
-        nmask = rn < N
-        ra = tl.where(mmask, rm, 0).to(tl.int64)
-        rb = tl.where(nmask, rn, 0).to(tl.int64)
-        kb = tl.arange(0, BLOCK_K // 2)
-        ks = tl.arange(0, BLOCK_K // 16)
-        if SPLIT_K == 1:
-            k_lo = 0
-            k_hi = K
+        a_q, a_s = _row_pointers(aq_ptr, as_ptr, rm, mmask, stride_aq, stride_as, BLOCK_K)
+        b_q, b_s = _row_pointers(bq_ptr, bs_ptr, rn, nmask, stride_bq, stride_bs, BLOCK_K)
+        ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om)
+        rows, cols = (rm, mmask), (rn, nmask)
+        ops = (a_q, a_s, b_q, b_s)
+        ASM: tl.constexpr = DEQUANT_ASM
+        if SERIAL_SPLIT:  # the K shares one after the other in this program (grid axis 1 of size 1)
+            acc = _w4a4_tile_serial_split(
+                ops, K, K_PER_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ, SPLIT_K
+            )
+            _gemm_epilogue(acc, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
         else:
-            k_lo = tl.multiple_of(pid_k * K_PER_SPLIT, BLOCK_K)
-            k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-        acc_t = _w4a4_mainloop(  # (BLOCK_N, BLOCK_M): weights as the MMA's A operand
-            bq_ptr + rb[:, None] * stride_bq + kb[None, :],
-            bs_ptr + rb[:, None] * stride_bs + ks[None, :],
-            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
-            as_ptr + ra[:, None] * stride_as + ks[None, :],
-            k_lo,
-            k_hi,
-            BLOCK_N,
-            BLOCK_M,
-            BLOCK_K,
-            EVEN_K,
-            DEQUANT_ASM,
-            NUM_STAGES,
-            DEQ,
-        )
-        acc = tl.trans(acc_t)
-        _store_tile(
-            acc,
-            ws_ptr,
-            stride_ws,
-            lock_ptr,
-            pid_n,
-            pid_k,
-            N,
-            rm,
-            rn,
-            mmask,
-            nmask,
-            ags_ptr,
-            bgs_ptr,
-            bias_ptr,
-            out_ptr,
-            stride_om,
-            SPLIT_K,
-            A_GS_ROW,
-            B_GS_ROW,
-            HAS_BIAS,
-            ACC_SHIFT,
-            OUT_BF16,
-        )
+            pid_k = tl.program_id(1)
+            k_lo, k_hi = _k_range(pid_k, K_PER_SPLIT, K, BLOCK_K, SPLIT_K)
+            acc = _w4a4_tile(
+                ops, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ, SWAP_AB
+            )
+            sk = (ws_ptr, stride_ws, lock_ptr)
+            _store_tile(
+                acc, sk, pid, pid_k, N, rows, cols, ep, SPLIT_K, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16
+            )
 
     @triton.jit
     def _gemm_epilogue_kernel(
@@ -399,37 +325,20 @@ if HAS_TRITON:
         A_GS_ROW: tl.constexpr,
         B_GS_ROW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
-        """out = acc · ACC_SHIFT · s_dec_a · s_dec_b (+ bias) for the float32 (M, N) product in acc_ptr
+        """out = acc · 2^18 · s_dec_a · s_dec_b (+ bias) for the float32 (M, N) product in acc_ptr
         (the cuBLAS path's GEMM output)."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mmask = rm < M
         nmask = rn < N
-        mask = mmask[:, None] & nmask[None, :]
         offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-        acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)
-        _gemm_epilogue(
-            acc,
-            rm,
-            rn,
-            mmask,
-            nmask,
-            ags_ptr,
-            bgs_ptr,
-            bias_ptr,
-            out_ptr,
-            stride_om,
-            A_GS_ROW,
-            B_GS_ROW,
-            HAS_BIAS,
-            ACC_SHIFT,
-            OUT_BF16,
-        )
+        acc = tl.load(acc_ptr + offs, mask=mmask[:, None] & nmask[None, :], other=0.0)
+        ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om)
+        _gemm_epilogue(acc, (rm, mmask), (rn, nmask), ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
 
     @triton.jit
     def _dequant_f16_kernel(
@@ -502,18 +411,10 @@ def _launch_epilogue(acc, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     out, out_bf16 = out_arg(out)
     _gemm_epilogue_kernel[grid](
-        acc,
-        ags,
-        bgs,
-        bias if bias is not None else ags,
-        out,
-        m,
-        n,
-        out.stride(0),
+        *(acc, ags, bgs, bias if bias is not None else ags, out, m, n, out.stride(0)),
         A_GS_ROW=a_row,
         B_GS_ROW=b_row,
         HAS_BIAS=bias is not None,
-        ACC_SHIFT=ACC_SHIFT,
         BLOCK_M=bm,
         BLOCK_N=bn,
         OUT_BF16=out_bf16,
@@ -551,32 +452,14 @@ SPLIT_K_WORKSPACE_BYTES = 4 << 30
 
 
 def _launch_fused(aq, as_, ags, a_row, bq, bs_, bgs, b_row, bias, out, m, n, k, k_per, split, cfg) -> None:
-    """One launch of the many-row W4A4 kernel over rows (m, K) into `out` (m, N)."""
+    """One launch of the W4A4 kernel over rows (m, K) into `out` (m, N): GROUP_M-ordered row x column
+    tiles, or with swap_ab one row tile (m <= block_m) and a program per column tile."""
     out_view, out_bf16 = out_arg(out)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
-    lock = _locks(aq.device, tiles) if split > 1 else out
-    _nvfp4_gemm_kernel[(tiles, split)](
-        aq,
-        as_,
-        ags,
-        bq,
-        bs_,
-        bgs,
-        bias if bias is not None else ags,
-        out_view,
-        ws,
-        lock,
-        m,
-        n,
-        k,
-        k_per,
-        aq.stride(0),
-        as_.stride(0),
-        bq.stride(0),
-        bs_.stride(0),
-        out.stride(0),
-        m * n,
+    tiles = triton.cdiv(n, cfg.block_n) * (1 if cfg.swap_ab else triton.cdiv(m, cfg.block_m))
+    programs_k = 1 if cfg.serial_split else split
+    ws, lock = split_buffers(aq.device, programs_k, m, n, tiles, out)
+    _nvfp4_gemm_kernel[(tiles, programs_k)](
+        *w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_per, out.stride(0)),
         A_GS_ROW=a_row,
         B_GS_ROW=b_row,
         HAS_BIAS=bias is not None,
@@ -584,13 +467,14 @@ def _launch_fused(aq, as_, ags, a_row, bq, bs_, bgs, b_row, bias, out, m, n, k, 
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
-        ACC_SHIFT=ACC_SHIFT,
         DEQUANT_ASM=cfg.use_asm(),
         DEQ=cfg.deq(),
         EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
         OUT_BF16=out_bf16,
+        SWAP_AB=cfg.swap_ab,
+        SERIAL_SPLIT=cfg.serial_split and split > 1,
         **cfg.launch_options(),
     )
 
@@ -605,6 +489,7 @@ def nvfp4_matmul(
     config: GemmConfig | None = None,
     method: str = "auto",
     decode_config: DecodeConfig | None = None,
+    large_tiles: bool | None = None,
 ) -> torch.Tensor:
     """The kernel twin of minite.numerics.nvfp4_matmul_ref: A (..., M, K) @ B (N, K)ᵀ -> (..., M, N).
 
@@ -619,7 +504,10 @@ def nvfp4_matmul(
     - "auto": "decode" for M <= 16 and N*K >= DECODE_KERNEL_MIN_NK, "cublas" for problems of at least
       CUBLAS_MIN_MNK multiply-adds, else "fused", when not batch-invariant and no config is given.
       batch_invariant=True always runs the fused kernel with its fixed config (cuBLAS picks its
-      algorithm by shape, and the decode kernel's MMA shape differs from the large-M one)."""
+      algorithm by shape, and the decode kernel's MMA shape differs from the large-M one).
+
+    large_tiles (batch-invariant, no config given): from BATCH_INVARIANT_LARGE_MIN_M rows the 128x256
+    tile with the shared K split (`pick_config`); None reads the environment (`large_tiles_on`)."""
     require_triton("nvfp4_matmul")
     check_nvfp4(a, "nvfp4_matmul: A")
     check_nvfp4(b, "nvfp4_matmul: B")
@@ -664,60 +552,16 @@ def nvfp4_matmul(
         _launch_epilogue(acc, ags, a_row, bgs, b_row, bias, out, m, n)
         return out.reshape(*a.shape[:-1], n)
 
-    cfg = config or pick_config(m, n, k, batch_invariant, dev_index)
-    split = cfg.split_k
-    k_per = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
-    split = triton.cdiv(k, k_per)  # a split with nothing to add is dropped
-    out_view, out_bf16 = out_arg(out)
-    if cfg.swap_ab:
-        if m > cfg.block_m:
-            raise ValueError(f"nvfp4_matmul: a swap_ab config takes at most {cfg.block_m} rows, got {m}")
-        tiles = triton.cdiv(n, cfg.block_n)
-        ws = empty((split, m, n), torch.float32, aq.device) if split > 1 else out
-        lock = _locks(aq.device, tiles) if split > 1 else out
-        _nvfp4_gemm_swapped_kernel[(tiles, split)](
-            aq,
-            as_,
-            ags,
-            bq,
-            bs_,
-            bgs,
-            bias if bias is not None else ags,
-            out_view,
-            ws,
-            lock,
-            m,
-            n,
-            k,
-            k_per,
-            aq.stride(0),
-            as_.stride(0),
-            bq.stride(0),
-            bs_.stride(0),
-            out.stride(0),
-            m * n,
-            A_GS_ROW=a_row,
-            B_GS_ROW=b_row,
-            HAS_BIAS=bias is not None,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            ACC_SHIFT=ACC_SHIFT,
-            DEQUANT_ASM=cfg.use_asm(),
-            DEQ=cfg.deq(),
-            EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
-            NUM_STAGES=cfg.num_stages,
-            SPLIT_K=split,
-            OUT_BF16=out_bf16,
-            **cfg.launch_options(),
-        )
-        return out.reshape(*a.shape[:-1], n)
+    cfg = config or pick_config(m, n, k, batch_invariant, dev_index, large_tiles)
+    k_per, split = split_plan(k, cfg.split_k, cfg.block_k)
+    if cfg.swap_ab and m > cfg.block_m:
+        raise ValueError(f"nvfp4_matmul: a swap_ab config takes at most {cfg.block_m} rows, got {m}")
     # Split-K keeps a float32 workspace of split * M * N: at a 64 x 8,192-token prefill that is 32 GiB
     # (results/bench/rollout_h200_long_prompt8192.log). Rows are independent and the config is fixed,
     # so row chunks launched one after the other give every row the bits of one launch (the
     # batch-invariance tests hold the fused kernel to that).
     step = m
-    if split > 1 and split * m * n * 4 > SPLIT_K_WORKSPACE_BYTES:
+    if split > 1 and not cfg.serial_split and split * m * n * 4 > SPLIT_K_WORKSPACE_BYTES:
         step = max(cfg.block_m, SPLIT_K_WORKSPACE_BYTES // (split * n * 4) // cfg.block_m * cfg.block_m)
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
@@ -745,11 +589,15 @@ def nvfp4_matmul(
 __all__ = [
     "BATCH_INVARIANT_CONFIG",
     "BATCH_INVARIANT_FEW_ROWS_CONFIG",
+    "BATCH_INVARIANT_LARGE_CONFIG",
+    "BATCH_INVARIANT_LARGE_MIN_M",
+    "BI_LARGE_TILES_ENV",
     "CUBLAS_MIN_MNK",
     "DECODE_KERNEL_MIN_NK",
     "DECODE_CONFIG",
     "GemmConfig",
     "dequantize_f16",
+    "large_tiles_on",
     "nvfp4_matmul",
     "pick_config",
     "split_for",

@@ -11,7 +11,7 @@
   tokens, with A (Ra, Tp) and B (Rb, Tp) quantized along the tokens per expert segment (padded to a
   multiple of 16; nvfp4_quantize_segments_t); dW_e = dY_eᵀ X_e is (A = dYᵀ, B = Xᵀ).
 
-The math per tile is the dense kernel's (`_w4a4_mainloop`, epilogue acc · 2^18 · s_dec_a · s_dec_b),
+The math per tile is the dense kernel's (`_w4a4_tile`, epilogue acc · 2^18 · s_dec_a · s_dec_b),
 so expert e's rows equal `nvfp4_matmul_ref` on that expert's operands up to float32 summation order.
 The forward grid is an upper bound, min(cdiv(T, BLOCK_M) + E, T) row tiles: program p finds its expert
 by counting the experts whose tiles end at or before p (each program derives the tiles from the
@@ -35,10 +35,11 @@ from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, out_arg, requir
 from .gemm import GemmConfig, check_nvfp4, rows_of
 
 if HAS_TRITON:
-    from ._triton import _decode_scale, _store_out, _w4a4_mainloop
+    from ._triton import _decode_scale, _row_pointers, _store_out, _w4a4_tile
 
-# The previous many-rows tile, now the reference tile of the bit-equality tests and the benchmark's
-# "previous default" row. H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227
+# The plain many-rows wgmma tile: no config picks it (grouped_config's short- and long-K tiles are faster
+# with the same bits), it is the reference the bit-equality tests hold every grouped config to and the
+# benchmark's baseline tile. H200, Qwen3-30B-A3B expert shapes, 4096 tokens top-8: gate_up 0.91 ms = 227
 # TFLOP/s, down 0.48 ms (torch._grouped_mm bf16: 0.48 / 0.26 ms); 64x256 w4 1.05 ms, 256x128 1.25 ms,
 # 128x256x64 1.08 ms (results/bench/kernels_h200.json); what bounds it:
 # results/bench/history/kernel_sweeps_h200.md
@@ -65,11 +66,11 @@ GROUPED_LONG_K_CONFIG = GemmConfig(128, 256, 128, num_warps=16, num_stages=3, sw
 GROUPED_FEW_ROWS_CONFIG = GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
 GROUPED_FEW_ROWS_FAST_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4)
 # Fewest rows, batch-invariant: the product transposed (swap_ab), 64 weight rows on the wgmma's M side
-# and 16 token rows on its N side, so 1-8 rows per expert no longer pad a 64-row MMA. Still wgmma with
+# and 16 token rows on its N side, so 1-8 rows per expert do not pad a 64-row MMA. Still wgmma with
 # the same K order: on the H200 its bits equal GROUPED_CONFIG's on inputs with spread block magnitudes
 # (tile_bits.py). H200, 128 experts top-8, us at 1 / 16 / 64 tokens, with the K-order permutation of
 # _triton._k_order: gate_up 17.5 / 82.7 / 118.8 for 16x128 against 17.2 / 91.2 / 131.4 for
-# 16x64 (before the permutation 16x64 took 20.1 / 109.1 / 162.1; bf16 _grouped_mm 29.2 / 176.6 / 260.6);
+# 16x64 (16x64 in the plain K order 20.1 / 109.1 / 162.1; bf16 _grouped_mm 29.2 / 176.6 / 260.6);
 # down 9.6 / 49.9 / 66.8 against 9.5 / 55.9 / 76.2 (results/bench/history/decode_h200.md).
 GROUPED_SWAP_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True)
 SWAP_ROWS_PER_EXPERT = 8  # the swapped 16-token tile up to this many rows per expert on average
@@ -79,7 +80,7 @@ FEW_ROWS_PER_EXPERT = 32  # the 64-row tile up to this many
 # loads need no masks, at the price of at most 63 zero tokens per expert. An expert's ~256 tokens make
 # only ~4 K steps a tile, so the pipeline's fill and the epilogue weigh: 4 warps, two programs a SM, one
 # filling while the other computes. H200, gate_up's dW (128 experts x 1536 x 2048, 4096 tokens top-8):
-# 1191.7 us against 1976.8 for the previous 8-warp 4-stage tile, same bits; 256x128 w8 1489.5, 128x256 w8
+# 1191.7 us against 1976.8 for an 8-warp 4-stage tile, same bits; 256x128 w8 1489.5, 128x256 w8
 # 1586.2 (torch._grouped_mm bf16 546.6; results/bench/history/kernel_sweeps_h200.md)
 WGRAD_CONFIG = GemmConfig(128, 128, 64, num_warps=4, num_stages=3)
 WGRAD_ALIGN = 64
@@ -147,27 +148,15 @@ if HAS_TRITON:
         mmask = rm < m_end
         nmask = rn < N
         e64 = e.to(tl.int64)
-        ra = tl.where(mmask, rm, 0).to(tl.int64)  # rows past the expert's end read row 0, never stored
-        rb = tl.where(nmask, rn, 0).to(tl.int64)
-        kb = tl.arange(0, BLOCK_K // 2)
-        ks = tl.arange(0, BLOCK_K // 16)
-        a_q = aq_ptr + ra[:, None] * stride_aq + kb[None, :]
-        a_s = as_ptr + ra[:, None] * stride_as + ks[None, :]
-        b_q = bq_ptr + e64 * stride_bqe + rb[:, None] * stride_bq + kb[None, :]
-        b_s = bs_ptr + e64 * stride_bse + rb[:, None] * stride_bs + ks[None, :]
+        a_q, a_s = _row_pointers(aq_ptr, as_ptr, rm, mmask, stride_aq, stride_as, BLOCK_K)
+        b_q, b_s = _row_pointers(
+            bq_ptr + e64 * stride_bqe, bs_ptr + e64 * stride_bse, rn, nmask, stride_bq, stride_bs, BLOCK_K
+        )
         k_hi = tl.where(valid, K, 0)  # a surplus program runs no iteration
-        if SWAP_AB:
-            # (B Aᵀ)ᵀ: the expert's weight rows fill the wgmma's 64-row side and the few token rows its
-            # N side (16), instead of padding 1-4 tokens to 64 MMA rows; the same products in the same
-            # K order
-            acc_t = _w4a4_mainloop(
-                b_q, b_s, a_q, a_s, 0, k_hi, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ
-            )
-            acc = tl.trans(acc_t)
-        else:
-            acc = _w4a4_mainloop(
-                a_q, a_s, b_q, b_s, 0, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ
-            )
+        ops = (a_q, a_s, b_q, b_s)
+        acc = _w4a4_tile(
+            ops, 0, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ, SWAP_AB
+        )
         out = acc * ACC_SHIFT
         if A_GS_ROW:
             out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
@@ -219,24 +208,12 @@ if HAS_TRITON:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mmask = rm < RA
         nmask = rn < RB
-        ra = tl.where(mmask, rm, 0).to(tl.int64)
-        rb = tl.where(nmask, rn, 0).to(tl.int64)
-        kb = tl.arange(0, BLOCK_K // 2)
-        ks = tl.arange(0, BLOCK_K // 16)
-        acc = _w4a4_mainloop(
-            aq_ptr + ra[:, None] * stride_aq + kb[None, :],
-            as_ptr + ra[:, None] * stride_as + ks[None, :],
-            bq_ptr + rb[:, None] * stride_bq + kb[None, :],
-            bs_ptr + rb[:, None] * stride_bs + ks[None, :],
-            t_lo,
-            t_hi,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            EVEN_K,  # expert segments padded to whole K steps (nvfp4_quantize_segments_t(align=...))
-            DEQUANT_ASM,
-            NUM_STAGES,
-            DEQ,
+        a_q, a_s = _row_pointers(aq_ptr, as_ptr, rm, mmask, stride_aq, stride_as, BLOCK_K)
+        b_q, b_s = _row_pointers(bq_ptr, bs_ptr, rn, nmask, stride_bq, stride_bs, BLOCK_K)
+        # EVEN_K: expert segments padded to whole K steps (nvfp4_quantize_segments_t(align=...))
+        ops = (a_q, a_s, b_q, b_s)
+        acc = _w4a4_tile(
+            ops, t_lo, t_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ, False
         )
         out = acc * ACC_SHIFT
         out = out * _decode_scale(ags_ptr + e * stride_ags_e + rm * stride_ags_r, mmask)[:, None]

@@ -125,7 +125,7 @@ def _tile(c: int, tile16: bool, single_row_tile: bool, rht: bool = False) -> tup
     num_warps = 4 if block_r * block_c <= 8192 else 8
     if rht and block_r * block_c > 4096:
         # the 16-point rotation holds 16 columns per block live: with 4 warps an 8192-wide row ran in
-        # 1.036 ms (results/bench/kernels_h200.json), with 8 warps in 0.525 ms (the previous table)
+        # 1.036 ms (results/bench/kernels_h200.json), with 8 warps in 0.525 ms
         num_warps = 8
     return block_r, block_c, num_warps
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from ._launch import _locks
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
-from .decode import _locks
 
 # The tile: constants, because the summation order follows them (never pick them by M). H200, 2048 -> 128
 # experts, us at 1 / 16 / 64 / 8192 rows (scripts/gpu/router_bits.py; torch's fp32 copies + cuBLAS 7.5 /

@@ -50,7 +50,8 @@ def _sweep_tiles(fn, sets, tiles, attr: str = "TILE_OVERRIDE") -> tuple[tuple[in
 
 def bench_quantize(n: int, copy_gbs: float, l2: int, sweep: bool) -> tuple[list[Row], dict[str, Any]]:
     """Each case on the shipped path (the 1x16 fast kernel where it applies, tile swept with --sweep),
-    and the one-pass 1x16 cases also on the general kernel (the previous default), same process."""
+    and the one-pass 1x16 cases also on the general kernel (the alternative the fast path is chosen
+    over), same process."""
     from minite.kernels import nvfp4_quantize
     from minite.kernels import quantize as kq
     from minite.numerics import QuantSpec, quantize
@@ -131,7 +132,7 @@ def bench_quantize(n: int, copy_gbs: float, l2: int, sweep: bool) -> tuple[list[
                 },
             )
         )
-        if fast_path and passes == 1:  # the previous default, for a same-process before/after
+        if fast_path and passes == 1:  # the general kernel beside the fast path, timed in one process
             g_ms, g_host, g_tile = timed(label, spec, kw, gen_tiles, False)
             rows.append(
                 Row(

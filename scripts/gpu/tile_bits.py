@@ -35,6 +35,20 @@ DENSE = {
     "128x128 w8": GemmConfig(128, 128, 128, num_warps=8, num_stages=4),
     "16x64 w4 (mma.sync)": GemmConfig(16, 64, 128, num_warps=4, num_stages=4),
     "16x128 w4 swap (wgmma; M <= 16)": GemmConfig(16, 128, 128, num_warps=4, num_stages=4, swap_ab=True),
+    "128x256 w8 (wgmma, large batch-invariant tile)": GemmConfig(128, 256, 128, num_warps=8, num_stages=3),
+}
+# the same tiles with a K split of 2 (4 K steps a share at K = 2048); the large batch-invariant tile sums
+# its shares in one program (serial_split), the others over programs: the same K ranges and order
+DENSE_SPLIT = {
+    "64x64 w4 split 2 (shipped batch-invariant)": GemmConfig(
+        64, 64, 128, num_warps=4, num_stages=4, split_k=2
+    ),
+    "16x128 w4 swap split 2 (M <= 16)": GemmConfig(
+        16, 128, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=2
+    ),
+    "128x256 w8 serial split 2 (large)": GemmConfig(
+        128, 256, 128, num_warps=8, num_stages=3, split_k=2, serial_split=True
+    ),
 }
 
 
@@ -86,6 +100,12 @@ def main() -> None:
                     if not (cfg.swap_ab and m > cfg.block_m)
                 }
                 compare(f"dense spread={spread} N={n} K={k} M={m}", outs)
+                outs = {
+                    c: nvfp4_matmul(qx, qw, config=cfg, method="fused")
+                    for c, cfg in DENSE_SPLIT.items()
+                    if not (cfg.swap_ab and m > cfg.block_m)
+                }
+                compare(f"dense split 2 spread={spread} N={n} K={k} M={m}", outs)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import minite.kernels._launch as klaunch
 import minite.kernels.bf16_gemm as kbf16
-import minite.kernels.decode as kdecode
 from minite.kernels.bf16_gemm import FEW_ROWS, k_split, linear_bf16
 from minite.nn.linear import _LinearBF16
 
@@ -95,7 +95,7 @@ def test_k_split_matches_float64_and_batch(m, device, monkeypatch):
         assert torch.equal(other, ref)
     else:
         _close_to_exact(other, x[: other.shape[0]], w, b)
-    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
+    assert all(int(buf.abs().sum()) == 0 for buf in klaunch._LOCKS.values())
 
 
 def test_leading_dims_and_strided_input(device):

@@ -11,6 +11,7 @@ only (MINITE_KERNEL_TESTS_ON_GPU=1); under the interpreter every config runs the
 import pytest
 import torch
 
+from minite.kernels import _launch as klaunch
 from minite.kernels import decode as kdecode
 from minite.kernels.decode import DecodeConfig, decode_split
 from minite.kernels.gemm import GemmConfig, nvfp4_matmul
@@ -92,7 +93,7 @@ def test_decode_split_reduction_is_deterministic_and_resets_its_counters(device)
     first = _decode(a, b, cfg=SPLIT)
     for _ in range(3):
         assert torch.equal(_decode(a, b, cfg=SPLIT), first)
-    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
+    assert all(int(buf.abs().sum()) == 0 for buf in klaunch._LOCKS.values())
 
 
 @pytest.mark.parametrize("cfg", list(CONFIGS), ids=list(CONFIGS))

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import minite.kernels.decode as kdecode
+import minite.kernels._launch as klaunch
 from minite.kernels.gemm import (
     BATCH_INVARIANT_CONFIG,
     BATCH_INVARIANT_FEW_ROWS_CONFIG,
@@ -124,7 +124,7 @@ def test_split_k(m, k, config, device):
     out = nvfp4_matmul(*args, config=config)
     _check(out, a, b, bias)
     assert torch.equal(nvfp4_matmul(*args, config=config), out)
-    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
+    assert all(int(buf.abs().sum()) == 0 for buf in klaunch._LOCKS.values())
 
 
 def test_dequantize_f16_is_exact_and_permutes_k_alike(device):
@@ -189,7 +189,7 @@ def test_split_k_workspace_cap_runs_row_chunks_with_the_same_bits(scope, device,
     chunked = nvfp4_matmul(a, b, torch.bfloat16, bias, config=config)
     assert launches == [32, 32, 32, 4]
     assert torch.equal(chunked.view(torch.int16), whole.view(torch.int16))
-    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
+    assert all(int(buf.abs().sum()) == 0 for buf in klaunch._LOCKS.values())
 
 
 @pytest.mark.parametrize("m", [1, 3, 100], ids=lambda m: f"M{m}")
@@ -271,3 +271,151 @@ def test_small_m_auto_path_splits_k_and_matches_reference(device):
     b = quantize(blocky((n, k), g), QuantSpec(block="16x16"))
     out = nvfp4_matmul(_on(a, device), _on(b, device))
     _check(out, a, b)
+
+
+# --- the large batch-invariant tile (BATCH_INVARIANT_LARGE_CONFIG) --------------------------------------
+
+
+@pytest.fixture
+def tile_invariant_mma(monkeypatch, device):
+    """Under the interpreter, an MMA whose rounding does not depend on the tile: each tl.dot of float16
+    operands sums its exact products exactly (as integers: every decoded value is a multiple of 2^-19
+    below 2^3, so a product is a multiple of 2^-38 below 2^5 and 64 of them sum below 2^50) and rounds
+    once to float32 before adding the accumulator. numpy's matmul, the interpreter's own dot, may sum in
+    an order that follows the operand shapes (its BLAS blocks by shape); on the H200 scripts/gpu/tile_bits.py
+    shows that wgmma tiles of one K step give the same bits whatever their shape (what this model
+    assumes), and scripts/gpu/gemm_invariant_h200.sh checks the large tile's rows on the real MMA."""
+    if device == "cuda":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    real = interpreter.InterpreterBuilder.create_dot
+
+    def exact_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype != np.float16 or not (np.isfinite(a.data).all() and np.isfinite(b.data).all()):
+            return real(self, a, b, d, input_precision, max_num_imprecise_acc)
+        ai = (a.data.astype(np.float64) * 2.0**19).astype(np.int64)
+        bi = (b.data.astype(np.float64) * 2.0**19).astype(np.int64)
+        assert (ai == a.data.astype(np.float64) * 2.0**19).all(), "a value off the 2^-19 grid"
+        assert (bi == b.data.astype(np.float64) * 2.0**19).all(), "a value off the 2^-19 grid"
+        dot = (np.matmul(ai, bi).astype(np.float64) * 2.0**-38).astype(np.float32)
+        return interpreter.TensorHandle(dot + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", exact_dot)
+
+
+def _edge_bytes(rows: int, k: int, g, scope: str) -> NVFP4Tensor:
+    """Packed nibbles from the E2M1 edges (±0, ±0.5, ±6) and random ones; E4M3 scale bytes from the
+    edges (0, the smallest subnormal 2^-9, the smallest normal 2^-6, 1, 448) and random finite ones;
+    one row of zeros."""
+    nib = torch.tensor([0x0, 0x8, 0x1, 0x9, 0x7, 0xF], dtype=torch.uint8)
+    lo = torch.where(
+        torch.rand(rows, k // 2, generator=g) < 0.5,
+        nib[torch.randint(0, 6, (rows, k // 2), generator=g)],
+        torch.randint(0, 16, (rows, k // 2), generator=g, dtype=torch.uint8),
+    )
+    hi = torch.where(
+        torch.rand(rows, k // 2, generator=g) < 0.5,
+        nib[torch.randint(0, 6, (rows, k // 2), generator=g)],
+        torch.randint(0, 16, (rows, k // 2), generator=g, dtype=torch.uint8),
+    )
+    q = lo | (hi << 4)
+    edges = torch.tensor([0x00, 0x01, 0x08, 0x38, 0x7E], dtype=torch.uint8)
+    s = torch.where(
+        torch.rand(rows, k // 16, generator=g) < 0.5,
+        edges[torch.randint(0, 5, (rows, k // 16), generator=g)],
+        torch.randint(0, 0x7F, (rows, k // 16), generator=g, dtype=torch.uint8),
+    )
+    q[rows // 2] = 0
+    gs = (torch.rand(rows, 1, generator=g) + 0.5) if scope == "row" else torch.tensor([0.75])
+    return NVFP4Tensor(q, s.view(torch.float8_e4m3fn), gs, QuantSpec(scope=scope))
+
+
+def _few_row_rows(a: NVFP4Tensor, w: NVFP4Tensor, rows: list[int], device) -> torch.Tensor:
+    """Rows of A Wᵀ computed the sampler's way: batch-invariant calls of at most 16 rows (the few-row
+    tile, BATCH_INVARIANT_FEW_ROWS_CONFIG), here one row a call."""
+    out = []
+    for i in rows:
+        ai = NVFP4Tensor(a.qdata[i : i + 1], a.scale[i : i + 1], a.global_scale[i : i + 1], a.spec)
+        out.append(nvfp4_matmul(_on(ai, device), w, torch.bfloat16, batch_invariant=True, large_tiles=True))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [(256, 2048), (200, 1056), (72, 512)],
+    ids=["N256-K2048-split4", "N200-K1056-split2-shortlast", "N72-K512"],
+)
+def test_large_tile_rows_equal_the_few_row_tile(n, k, device, monkeypatch, tile_invariant_mma):
+    """The switch on (large_tiles=True), a batch-invariant GEMM of an odd M >= BATCH_INVARIANT_LARGE_MIN_M
+    runs the 128x256 tile with the 64x64 tile's K split, its shares summed in one program; each row
+    equals, bit for bit, the row the sampler's few-row tile computes alone, and the whole output equals
+    the 64x64 tile's (the switch off). Inputs: raw NVFP4 bytes with the E2M1/E4M3 edges (±6 nibbles, 448
+    and subnormal scales, zero scales) and a row of zeros; K not a multiple of 128 and a short last K
+    share in one case.
+
+    Under the interpreter the MMA is `tile_invariant_mma`'s model, so this checks everything the code
+    decides (K ranges and order, the partials' order, the decode, the epilogue); whether the H200's
+    wgmma rounds alike on 128x256 and on the transposed 16x128 tile is the GPU's to show
+    (scripts/gpu/gemm_invariant_h200.sh, scripts/gpu/tile_bits.py)."""
+    import minite.kernels.gemm as kgemm
+
+    monkeypatch.setattr(kgemm, "_sm_count", lambda index: 132)  # an H200: the splits it would run
+    m = kgemm.BATCH_INVARIANT_LARGE_MIN_M + 7
+    g = gen(40 + n)
+    a = _edge_bytes(m, k, g, "row")
+    wc = _edge_bytes(n, k, g, "tensor")
+    w = _on(wc, device)
+    big = pick_config(m, n, k, batch_invariant=True, large_tiles=True)
+    assert big == replace(kgemm.BATCH_INVARIANT_LARGE_CONFIG, split_k=pick_config(1, n, k, True).split_k)
+    large = nvfp4_matmul(_on(a, device), w, torch.bfloat16, batch_invariant=True, large_tiles=True)
+    small = nvfp4_matmul(_on(a, device), w, torch.bfloat16, batch_invariant=True, large_tiles=False)
+    assert torch.equal(large.view(torch.int16), small.view(torch.int16))
+    rows = [0, 1, 127, 128, m // 2, m - 1]
+    few = _few_row_rows(a, w, rows, device)
+    assert torch.equal(large[rows].view(torch.int16), few.view(torch.int16))
+    assert not torch.isnan(large).any() and (large[m // 2] == 0).all()
+    _check(large, a, wc)
+
+
+def test_large_tile_serial_split_keeps_the_split_launchs_bits(device, tile_invariant_mma):
+    """serial_split sums the K shares in one program in the order the split launch's last program adds
+    them: for any split (3 of 4 K steps, a short last share) and small tiles, the output equals the
+    split-over-programs launch bit for bit, and the float32 accumulation order is visible (no split
+    gives other bits on these inputs)."""
+    g = gen(44)
+    m, n, k = 37, 48, 448
+    a = _on(quantize(blocky((m, k), g, spread=4.0), QuantSpec(scope="row")), device)
+    w = _on(quantize(blocky((n, k), g, spread=4.0), QuantSpec(block="16x16")), device)
+    for split in (2, 3):
+        over_programs = nvfp4_matmul(a, w, config=GemmConfig(64, 32, 64, split_k=split))
+        serial = nvfp4_matmul(a, w, config=GemmConfig(64, 32, 64, split_k=split, serial_split=True))
+        assert torch.equal(serial, over_programs)
+    unsplit = nvfp4_matmul(a, w, config=GemmConfig(64, 32, 64))
+    assert not torch.equal(unsplit, serial)
+
+
+def test_large_tiles_switch(monkeypatch):
+    """Off by default; on through the argument or MINITE_BI_LARGE_TILES=1; only for batch-invariant
+    problems from BATCH_INVARIANT_LARGE_MIN_M rows; always with the shared K split and BLOCK_K."""
+    import minite.kernels.gemm as kgemm
+
+    monkeypatch.setattr(kgemm, "_sm_count", lambda index: 132)
+    monkeypatch.delenv(kgemm.BI_LARGE_TILES_ENV, raising=False)
+    big = kgemm.BATCH_INVARIANT_LARGE_MIN_M
+    assert pick_config(big, 8192, 8192, batch_invariant=True) == pick_config(64, 8192, 8192, True)
+    monkeypatch.setenv(kgemm.BI_LARGE_TILES_ENV, "1")
+    for n, k in ((8192, 8192), (4096, 2048), (768, 2048)):
+        shared = pick_config(1, n, k, batch_invariant=True)
+        on = pick_config(big, n, k, batch_invariant=True)
+        assert on == replace(kgemm.BATCH_INVARIANT_LARGE_CONFIG, split_k=shared.split_k)
+        assert on.block_k == shared.block_k
+        assert pick_config(big - 1, n, k, batch_invariant=True).block_m == 64
+        assert pick_config(big, n, k) == kgemm.LARGE_CONFIG  # not batch-invariant: unchanged
+    assert pick_config(big, 8192, 8192, True, large_tiles=False).block_m == 64
+    monkeypatch.setenv(kgemm.BI_LARGE_TILES_ENV, "yes")
+    with pytest.raises(ValueError, match="MINITE_BI_LARGE_TILES must be 0 or 1"):
+        pick_config(big, 8192, 8192, batch_invariant=True)
+    with pytest.raises(ValueError, match="serial_split"):
+        GemmConfig(16, 128, 128, swap_ab=True, serial_split=True)

@@ -10,7 +10,7 @@ to float32 summation tolerance. Outputs are poisoned with NaN before every launc
 import pytest
 import torch
 
-import minite.kernels.decode as kdecode
+import minite.kernels._launch as klaunch
 from minite.kernels.router import BLOCK_K, SPREAD_ROWS, route_topk, router_logits_fp32
 from minite.nn.router import _RouterLogitsFP32, _RouteTopK, route_topk_ref, router_logits_fp32_ref
 
@@ -89,7 +89,7 @@ def test_spread_chunks_give_the_serial_bits(m, device):
     _within_fp32_summation(few, h[:m], w)
     assert torch.equal(router_logits_fp32(hd[:m], wd), few)
     assert torch.equal(router_logits_fp32(hd, wd)[:m], few)  # more than SPREAD_ROWS rows: one program
-    assert all(int(buf.abs().sum()) == 0 for buf in kdecode._LOCKS.values())
+    assert all(int(buf.abs().sum()) == 0 for buf in klaunch._LOCKS.values())
 
 
 def test_backward_matches_torch_autograd_of_the_reference(device):

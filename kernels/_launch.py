@@ -1,0 +1,64 @@
+"""Host-side launch helpers the W4A4 GEMM kernels share: the split-K plan, its workspace and ticket
+counters, and the positional arguments of the dense kernels.
+
+Split-K (few rows, where the tiles along N alone leave SMs idle): K is cut into `split` shares of
+whole K steps, each program sums its share into a float32 partial tile, and the tile's last program
+(`_triton._store_tile`) adds the partials in the fixed order 0, 1, ... The shares are a function of
+K, the requested split and BLOCK_K only, so two configs with the same request and BLOCK_K sum over
+the same K ranges in the same order: on wgmma tiles (BLOCK_M >= 64) that is what makes their bits
+equal, whatever their tile shape (scripts/gpu/tile_bits.py).
+
+The counters live in a zeroed int32 buffer cached per (device, stream), so launches on one stream
+(and CUDA-graph replays of them) never share a counter with a concurrent launch on another stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import empty, triton
+
+_LOCKS: dict[tuple[int, int], torch.Tensor] = {}
+# every counter buffer ever handed out stays alive: a CUDA graph captured with a smaller one keeps
+# using it after a larger problem (say the trainer's, beside a captured sampler) replaced it here
+_RETIRED_LOCKS: list[torch.Tensor] = []
+
+
+def _locks(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 counter buffer of at least n entries for this device and stream (the split-K
+    kernels return every counter they use to 0)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.index or 0, stream) if device.type == "cuda" else (-1, 0)
+    buf = _LOCKS.get(key)
+    if buf is None or buf.numel() < n or buf.device != device:
+        if buf is not None:
+            _RETIRED_LOCKS.append(buf)
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _LOCKS[key] = buf
+    return buf
+
+
+def split_plan(k: int, split: int, block_k: int) -> tuple[int, int]:
+    """(K per share, shares) for a requested split of K: whole K steps a share (the last may be short),
+    and a share with nothing to add dropped."""
+    k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    return k_per, triton.cdiv(k, k_per)
+
+
+def split_buffers(device: torch.device, split: int, m: int, n: int, tiles: int, out: torch.Tensor):
+    """The float32 workspace (split, M, N) of the partial tiles and the tiles' ticket counters of a
+    split-K launch; `out` for both when there is no split (the kernel never touches them then)."""
+    if split == 1:
+        return out, out
+    return empty((split, m, n), torch.float32, device), _locks(device, tiles)
+
+
+def w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_per, stride_om) -> tuple:
+    """The positional arguments of the dense W4A4 kernels (gemm's and decode's), in their order:
+    operands' packed and scale bytes and global scales, bias (the A scales stand in when there is none:
+    never read), output, split-K workspace and counters, sizes, row strides, workspace plane stride."""
+    ptrs = (aq, as_, ags, bq, bs_, bgs, bias if bias is not None else ags, out_view, ws, lock)
+    return (*ptrs, m, n, k, k_per, aq.stride(0), as_.stride(0), bq.stride(0), bs_.stride(0), stride_om, m * n)
+
+
+__all__ = ["split_buffers", "split_plan", "w4a4_args"]
