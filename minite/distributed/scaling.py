@@ -8,8 +8,8 @@ completion_len random tokens and random advantages, the same for every N; rank r
 [r·B/N, (r+1)·B/N) and runs them in micro-batches of `micro_batch` rows. Seconds per update = the
 slowest rank's wall time (barrier, device sync, all-reduce MAX) of the recompute plus the update (the
 gather of the log-probs the equivalence check keeps runs between them, off the clock), median over
-`iters` updates after `warmup`; tokens/s = global tokens / that. Speed-up = tokens/s(N) / tokens/s(1), efficiency =
-speed-up / N.
+`iters` updates after `warmup`; tokens/s = global tokens / that. Speed-up = tokens/s(N) /
+tokens/s(1), efficiency = speed-up / N.
 
 Equivalence (checked, not assumed): with `micro_batch` dividing B/N for every N, the micro-batches are
 the same rows for every N, so update 0's recompute log-probs (the same weights, the same GEMM shapes)

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
+from minite.commands.bench_scaling import compare
 from minite.distributed.scaling import ScalingSpec, model_config, recipe_of
 from minite.profiles import load_profile
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_bench_scaling_one_and_two_gloo_processes(tmp_path):
     out = tmp_path / "scaling.json"
     cmd = [sys.executable, "-m", "minite.cli", "bench-scaling", "--configs", "toy"]
@@ -96,3 +96,44 @@ def test_configs_and_recipe_variants():
     assert r.name == "minite_rne" and recipe_of("minite").trainer.wgrad_grad.rounding == "stochastic"
     assert r.trainer.wgrad_grad.rounding == r.trainer.dgrad_grad.rounding == "rne"
     assert r.trainer.fprop_act == recipe_of("minite").trainer.fprop_act
+
+
+def _row(recipe: str, n: int, tps: float, best: float) -> dict:
+    return {
+        "config": "toy",
+        "recipe": recipe,
+        "world_size": n,
+        "tokens_per_s": tps,
+        "tokens_per_s_best": best,
+        "times": [1.0],
+        "stats_update0": {"loss": 0.5, "grad_norm": 2.0},
+    }
+
+
+def test_compare_ratios_to_bf16_and_a_case_that_failed_after_update_0():
+    import torch
+
+    lp = torch.zeros(2, 3)
+    parts = {
+        1: {"rows": [_row("bf16", 1, 100.0, 120.0), _row("minite", 1, 50.0, 80.0)]},
+        2: {
+            "rows": [
+                _row("bf16", 2, 180.0, 200.0),
+                # the 2-process minite update ran out of memory after update 0's log-probs were gathered
+                {"config": "toy", "recipe": "minite", "world_size": 2, "error": "OutOfMemoryError()"},
+            ]
+        },
+    }
+    logps = {
+        1: {"toy/bf16/update0": lp, "toy/minite/update0": lp},
+        2: {"toy/bf16/update0": lp + 0.25, "toy/minite/update0": lp.clone()},
+    }
+    rows = {(r["recipe"], r["world_size"]): r for r in compare(parts, logps)}
+    assert (
+        rows[("minite", 1)]["ratio_to_bf16"] == 0.5 and rows[("minite", 1)]["ratio_to_bf16_best"] == 80 / 120
+    )
+    assert rows[("bf16", 2)]["ratio_to_bf16"] == 1.0 and rows[("bf16", 2)]["speedup"] == 1.8
+    assert rows[("bf16", 2)]["logp_max_abs_diff_update0"] == 0.25
+    failed = rows[("minite", 2)]
+    assert failed["error"] == "OutOfMemoryError()" and "ratio_to_bf16" not in failed
+    assert failed["logp_max_abs_diff_update0"] == 0.0  # compared although the update itself failed
