@@ -18,6 +18,7 @@ published under results/ (scripts/gpu/learner_h200x8.sh).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -85,8 +86,33 @@ def _procs(args) -> list[int]:
     return list(range(1, n + 1))
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc; empty elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, waiting for its parent to reap it, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _launch(n: int, spec_path: Path, out: Path, timeout: float | None = None) -> int:
-    """torchrun with n processes; past `timeout` seconds its whole process group is stopped (124)."""
+    """torchrun with n processes; past `timeout` seconds it is stopped (124). torchrun starts each worker
+    in a session of its own and stops them itself on SIGTERM; a worker still alive after torchrun has
+    ended (it did not get the chance) is killed by its pid."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
     cmd += ["-m", "minite.distributed.scaling", "--spec", str(spec_path), "--out", str(out)]
     print(f"bench-scaling: {' '.join(cmd[1:])}", flush=True)
@@ -94,17 +120,17 @@ def _launch(n: int, spec_path: Path, out: Path, timeout: float | None = None) ->
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        proc.wait()
+        workers = descendants(proc.pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pid in workers:
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                    os.kill(pid, signal.SIGKILL)
         print(f"bench-scaling: the {n}-process run passed its {timeout} s limit", file=sys.stderr, flush=True)
         return 124
 

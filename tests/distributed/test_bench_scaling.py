@@ -137,3 +137,33 @@ def test_compare_ratios_to_bf16_and_a_case_that_failed_after_update_0():
     failed = rows[("minite", 2)]
     assert failed["error"] == "OutOfMemoryError()" and "ratio_to_bf16" not in failed
     assert failed["logp_max_abs_diff_update0"] == 0.0  # compared although the update itself failed
+
+
+def test_a_launch_past_its_time_limit_is_stopped_with_its_workers(tmp_path, monkeypatch):
+    import dataclasses
+    import threading
+    import time
+
+    from minite.commands import bench_scaling
+
+    spec = ScalingSpec(
+        configs=["toy"], recipes=["bf16"], batch=2, prompt_len=4, completion_len=4, micro_batch=1
+    )
+    spec = dataclasses.replace(spec, iters=100_000)  # would run for hours
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
+    seen: list[int] = []
+    popen = subprocess.Popen
+
+    def record(*a, **k):  # the real Popen; the test only notes torchrun's workers while they run
+        proc = popen(*a, **k)
+        threading.Timer(4, lambda: seen.extend(bench_scaling.descendants(proc.pid))).start()
+        return proc
+
+    monkeypatch.setattr(bench_scaling.subprocess, "Popen", record)
+    t0 = time.monotonic()
+    assert bench_scaling._launch(1, spec_path, tmp_path / "out", timeout=6) == 124
+    assert time.monotonic() - t0 < 60
+    assert seen, "torchrun had started no worker within 4 s"
+    time.sleep(1)
+    assert not [pid for pid in seen if bench_scaling.alive(pid)]
