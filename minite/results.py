@@ -109,7 +109,7 @@ def document(record: dict[str, Any]) -> str:
 
 
 def _scaling(record: dict[str, Any]) -> str:
-    from minite.commands.bench_scaling import markdown
+    from minite.bench.scaling_report import markdown
 
     return "\n\n".join(markdown(r).rstrip("\n") for r in record["runs"]) + "\n"
 
