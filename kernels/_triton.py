@@ -439,6 +439,19 @@ if HAS_TRITON:
         return acc, tl.maximum(tl.max(tl.max(amax_a, axis=1), axis=0), tl.max(tl.max(amax_b, axis=1), axis=0))
 
     @triton.jit
+    def _f16_mainloop(a, b, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES):
+        """`_w4a4_mainloop_exact` on operands decoded by a pass before (`gemm.dequantize_f16(steps=...)`):
+        a / b point at (rows, BLOCK_K // 2) float16 values at column 0 of rows laid out K step by K step,
+        each step's low-nibble half then its high-nibble half, both in `_k_order`, zero-padded to whole
+        steps. The same float16 values reach the same two MMAs a step in the same order."""
+        HK: tl.constexpr = BLOCK_K // 2
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            acc = tl.dot(tl.load(a + k0), tl.trans(tl.load(b + k0)), acc)
+            acc = tl.dot(tl.load(a + k0 + HK), tl.trans(tl.load(b + k0 + HK)), acc)
+        return acc
+
+    @triton.jit
     def _w4a4_mainloop(
         a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, NUM_STAGES, DEQ
     ):
@@ -453,8 +466,11 @@ if HAS_TRITON:
         DEQ (GPU, with ASM; 0 elsewhere): 0 the exact decoder with float16 scale registers; 1 the
         byte-scale decoder with shifts, and if any scale byte read was NaN or negative (>= 0x7F) the
         tile is recomputed with the exact decoder, so the result is the same; 2 the byte-scale
-        decoder with cvt.rn.f16x2.e4m3x2 (exact for every byte)."""
-        if DEQ != 0 and ASM:
+        decoder with cvt.rn.f16x2.e4m3x2 (exact for every byte); -1: the operands are decoded already
+        (two-pass, `_f16_mainloop`: a_q / b_q point at float16 rows, a_s / b_s are not read)."""
+        if DEQ == -1:
+            acc = _f16_mainloop(a_q, b_q, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
+        elif DEQ != 0 and ASM:
             acc, smax = _w4a4_mainloop_fast(
                 a_q, a_s, b_q, b_s, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, NUM_STAGES, DEQ == 2
             )

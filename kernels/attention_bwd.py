@@ -151,25 +151,11 @@ if HAS_TRITON:
         tl.store(dv_ptr + g_off, dv.to(dv_ptr.dtype.element_ty), mask=kmask[:, None])
 
     @triton.jit
-    def _dq_step(
-        q,
-        do,
-        dq,
-        lse,
-        delta,
-        k_base,
-        v_base,
-        n0,
-        rows,
-        L,
-        sks,
-        svs,
-        scale2,
-        cols,
-        BLOCK_N: tl.constexpr,
-        MASK: tl.constexpr,
-        INTERP: tl.constexpr,
-    ):
+    def _dq_step(ctx, dq, n0, BLOCK_N: tl.constexpr, MASK: tl.constexpr, INTERP: tl.constexpr):
+        """dq += dS K over the key block at n0; ctx = (q, do, lse, delta, k_base, v_base, rows, L, sks, svs,
+        scale2, cols): the query tile's operands and softmax statistics, the key/value rows and strides.
+        MASK: the block straddles the diagonal (causal mask on)."""
+        q, do, lse, delta, k_base, v_base, rows, L, sks, svs, scale2, cols = ctx
         keys = n0 + tl.arange(0, BLOCK_N)
         kmask = keys < L
         k64 = keys[:, None].to(tl.int64)
@@ -236,46 +222,11 @@ if HAS_TRITON:
         v_base = v_ptr + b * svb + kvh * svh
         full_hi = ((m0 + 1) // BLOCK_N) * BLOCK_N  # key blocks every row of the tile sees whole
         kend = tl.minimum(m0 + BLOCK_M, L)
+        ctx = (q, do, lse, delta, k_base, v_base, rows, L, sks, svs, scale2, cols)
         for n0 in range(0, full_hi, BLOCK_N):
-            dq = _dq_step(
-                q,
-                do,
-                dq,
-                lse,
-                delta,
-                k_base,
-                v_base,
-                n0,
-                rows,
-                L,
-                sks,
-                svs,
-                scale2,
-                cols,
-                BLOCK_N,
-                False,
-                INTERP,
-            )
+            dq = _dq_step(ctx, dq, n0, BLOCK_N, False, INTERP)
         for n0 in range(full_hi, kend, BLOCK_N):
-            dq = _dq_step(
-                q,
-                do,
-                dq,
-                lse,
-                delta,
-                k_base,
-                v_base,
-                n0,
-                rows,
-                L,
-                sks,
-                svs,
-                scale2,
-                cols,
-                BLOCK_N,
-                True,
-                INTERP,
-            )
+            dq = _dq_step(ctx, dq, n0, BLOCK_N, True, INTERP)
         dq = dq * scale
         tl.store(
             dq_ptr + b * sgb + h * sgh + r64 * sgl + cols[None, :],

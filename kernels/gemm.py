@@ -67,6 +67,7 @@ if HAS_TRITON:
         _dequant_pair,
         _e4m3_to_f16_x32,
         _gemm_epilogue,
+        _k_order,
         _k_range,
         _row_pointers,
         _store_tile,
@@ -91,6 +92,8 @@ class GemmConfig:
     maxnreg: int | None = None  # GPU: cap on registers a thread (more resident programs; ptxas may spill)
     serial_split: bool = False  # the split_k K shares summed one after the other in one program: the split
     # launch's bits (same K ranges, partials added in the same order) without its workspace pass
+    two_pass: bool = False  # operands decoded to float16 by a pass before (dequantize_f16(steps=block_k)),
+    # the kernel's MMAs fed from them: the same values in the same order, the decode out of the mainloop
 
     def __post_init__(self) -> None:
         if self.block_k % 32 or self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
@@ -121,6 +124,9 @@ class GemmConfig:
         return self.asm_dequant and not interpret_mode()
 
     def deq(self) -> int:
+        """The mainloop's DEQ (_triton._w4a4_mainloop): -1 for two_pass (decoded already)."""
+        if self.two_pass:
+            return -1
         return self.dequant if self.use_asm() else 0
 
 
@@ -162,8 +168,13 @@ BATCH_INVARIANT_FEW_ROWS_CONFIG = GemmConfig(16, 128, 128, num_warps=4, num_stag
 # checks the bits and times it on the GPU. From BATCH_INVARIANT_LARGE_MIN_M rows: fewer rows leave SMs
 # idle on 128x256 tiles (32 column tiles at N = 8192).
 BATCH_INVARIANT_LARGE_CONFIG = GemmConfig(128, 256, 128, num_warps=8, num_stages=3, serial_split=True)
+# The same tile fed by a pass before that decodes both operands to float16 in the mainloop's order
+# (`two_pass`, large_tiles="two_pass"): the MMAs see the same values in the same order, and the mainloop
+# is a plain float16 GEMM's (the fused decode is what holds the fused kernel to ~0.5x cuBLAS bf16).
+BATCH_INVARIANT_TWO_PASS_CONFIG = replace(BATCH_INVARIANT_LARGE_CONFIG, two_pass=True)
 BATCH_INVARIANT_LARGE_MIN_M = 1024
 BI_LARGE_TILES_ENV = "MINITE_BI_LARGE_TILES"
+_LARGE_TILE_MODES = {"": None, "0": None, "1": "fused", "fused": "fused", "two_pass": "two_pass"}
 # dequantize-to-fp16 + cuBLAS pays off from about this many multiply-adds (see nvfp4_matmul)
 CUBLAS_MIN_MNK = 2048**3
 # M <= 16: the decode kernel (decode.py) from this many weights, the fused DECODE_CONFIG path below.
@@ -193,17 +204,19 @@ def split_for(n: int, k: int, cfg: GemmConfig, device_index: int = 0, max_split:
     return split
 
 
-def large_tiles_on(large_tiles: bool | None = None) -> bool:
-    """Whether batch-invariant GEMMs of many rows run BATCH_INVARIANT_LARGE_CONFIG: `large_tiles` when
-    given, else the environment variable BI_LARGE_TILES_ENV ("1" on; unset, "" or "0" off)."""
-    if large_tiles is not None:
-        return large_tiles
-    value = os.environ.get(BI_LARGE_TILES_ENV, "0")
-    if value not in ("", "0", "1"):
+def large_tile_mode(large_tiles: bool | str | None = None) -> str | None:
+    """Which large tile batch-invariant GEMMs of many rows run: None (the 64x64 tile), "fused"
+    (BATCH_INVARIANT_LARGE_CONFIG) or "two_pass" (BATCH_INVARIANT_TWO_PASS_CONFIG). `large_tiles` when
+    given (True means "fused"), else the environment variable BI_LARGE_TILES_ENV ("1" or "fused",
+    "two_pass"; unset, "" or "0" off)."""
+    value = os.environ.get(BI_LARGE_TILES_ENV, "0") if large_tiles is None else large_tiles
+    value = {True: "fused", False: "0"}.get(value, value) if isinstance(value, bool) else value
+    if value not in _LARGE_TILE_MODES:
         raise ValueError(
-            f"{BI_LARGE_TILES_ENV} must be 0 or 1 (the large batch-invariant tile), got {value!r}"
+            f"{BI_LARGE_TILES_ENV} / large_tiles must be 0, 1 (or fused) or two_pass (the large "
+            f"batch-invariant tile), got {value!r}"
         )
-    return value == "1"
+    return _LARGE_TILE_MODES[value]
 
 
 def pick_config(
@@ -212,13 +225,13 @@ def pick_config(
     k: int,
     batch_invariant: bool = False,
     device_index: int = 0,
-    large_tiles: bool | None = None,
+    large_tiles: bool | str | None = None,
 ) -> GemmConfig:
     """The config for an (M, N, K) problem: a fixed function of the shape (no autotuning, so a run
     never changes its summation order because a timing came out differently). Batch-invariant configs
     all take the K split of BATCH_INVARIANT_CONFIG (a function of N and K), so they share K ranges and
-    order; `large_tiles` (see `large_tiles_on`) picks BATCH_INVARIANT_LARGE_CONFIG from
-    BATCH_INVARIANT_LARGE_MIN_M rows."""
+    order; `large_tiles` (see `large_tile_mode`) picks BATCH_INVARIANT_LARGE_CONFIG or its two-pass
+    twin from BATCH_INVARIANT_LARGE_MIN_M rows."""
     if m <= 16 and not batch_invariant:
         return replace(DECODE_CONFIG, split_k=split_for(n, k, DECODE_CONFIG, device_index))
     if batch_invariant or m <= 64:
@@ -226,8 +239,9 @@ def pick_config(
         split = min(4, split_for(n, k, cfg, device_index))  # from the shared tile: the same K ranges
         if batch_invariant and m <= BATCH_INVARIANT_FEW_ROWS_CONFIG.block_m:
             cfg = BATCH_INVARIANT_FEW_ROWS_CONFIG
-        elif batch_invariant and m >= BATCH_INVARIANT_LARGE_MIN_M and large_tiles_on(large_tiles):
-            cfg = BATCH_INVARIANT_LARGE_CONFIG
+        elif batch_invariant and m >= BATCH_INVARIANT_LARGE_MIN_M and large_tile_mode(large_tiles):
+            large = large_tile_mode(large_tiles) == "fused"
+            cfg = BATCH_INVARIANT_LARGE_CONFIG if large else BATCH_INVARIANT_TWO_PASS_CONFIG
         return replace(cfg, split_k=split)
     return LARGE_CONFIG
 
@@ -342,10 +356,21 @@ if HAS_TRITON:
 
     @triton.jit
     def _dequant_f16_kernel(
-        q_ptr, s_ptr, out_ptr, R, K, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr
+        q_ptr,
+        s_ptr,
+        out_ptr,
+        R,
+        K,
+        OUT_W,
+        BLOCK_R: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ASM: tl.constexpr,
+        STEPS: tl.constexpr,
     ):
         """NVFP4 rows -> float16 e2m1·e4m3·2^-9 (exact), the low nibbles of a row's bytes in its first
-        half and the high nibbles in its second half: a permutation of K that A and B share."""
+        half and the high nibbles in its second half: a permutation of K that A and B share. STEPS: the
+        fused kernel's order instead, K step (BLOCK_K) by K step, each step's low half then its high half
+        in `_k_order`, zero-padded to whole steps (rows OUT_W wide): what `_f16_mainloop` reads."""
         HK: tl.constexpr = BLOCK_K // 2
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         kb = tl.program_id(1) * HK + tl.arange(0, HK)
@@ -359,9 +384,14 @@ if HAS_TRITON:
             s_ptr + r64 * (K // 16) + ks[None, :], mask=rmask[:, None] & (ks < K // 16)[None, :], other=0
         )
         lo, hi = _dequant_pair(p, _e4m3_to_f16_x32(sb), BLOCK_R, HK, ASM)
-        mask = rmask[:, None] & (kb < K // 2)[None, :]
-        tl.store(out_ptr + r64 * K + kb[None, :], lo, mask=mask)
-        tl.store(out_ptr + r64 * K + K // 2 + kb[None, :], hi, mask=mask)
+        if STEPS:
+            step = out_ptr + r64 * OUT_W + tl.program_id(1) * BLOCK_K + tl.arange(0, HK)[None, :]
+            tl.store(step, _k_order(lo, BLOCK_R, HK), mask=rmask[:, None])
+            tl.store(step + HK, _k_order(hi, BLOCK_R, HK), mask=rmask[:, None])
+        else:
+            mask = rmask[:, None] & (kb < K // 2)[None, :]
+            tl.store(out_ptr + r64 * OUT_W + kb[None, :], lo, mask=mask)
+            tl.store(out_ptr + r64 * OUT_W + K // 2 + kb[None, :], hi, mask=mask)
 
 
 # --- host side -------------------------------------------------------------------------------------------
@@ -422,17 +452,21 @@ def _launch_epilogue(acc, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
     )
 
 
-def dequantize_f16(t: NVFP4Tensor, name: str = "tensor") -> torch.Tensor:
+def dequantize_f16(t: NVFP4Tensor, name: str = "tensor", steps: int | None = None) -> torch.Tensor:
     """NVFP4 rows (R, K) -> float16 (R, K) of e2m1·e4m3·2^-9 (exact), each row's low nibbles first and
-    high nibbles second (a permutation of K: use it for both operands of one product)."""
+    high nibbles second (a permutation of K: use it for both operands of one product). steps=BLOCK_K:
+    (R, K rounded up to whole steps) in the order the fused kernel feeds its MMAs (see
+    `_f16_mainloop`), for a two-pass GEMM with that kernel's bits."""
     check_nvfp4(t, name)
     q, s, _, _ = rows_of(t, name)
     r, k = q.shape[0], q.shape[1] * 2
-    out = empty((r, k), torch.float16, q.device)
-    block_r, block_k = 16, 256
+    block_r, block_k = 16, steps or 256
+    width = triton.cdiv(k, block_k) * block_k if steps else k
+    out = empty((r, width), torch.float16, q.device)
     grid = (triton.cdiv(r, block_r), triton.cdiv(k, block_k))
+    asm = not interpret_mode()
     _dequant_f16_kernel[grid](
-        q, s, out, r, k, BLOCK_R=block_r, BLOCK_K=block_k, ASM=not interpret_mode(), num_warps=4
+        q, s, out, r, k, width, BLOCK_R=block_r, BLOCK_K=block_k, ASM=asm, STEPS=bool(steps), num_warps=4
     )
     return out
 
@@ -489,7 +523,7 @@ def nvfp4_matmul(
     config: GemmConfig | None = None,
     method: str = "auto",
     decode_config: DecodeConfig | None = None,
-    large_tiles: bool | None = None,
+    large_tiles: bool | str | None = None,
 ) -> torch.Tensor:
     """The kernel twin of minite.numerics.nvfp4_matmul_ref: A (..., M, K) @ B (N, K)ᵀ -> (..., M, N).
 
@@ -507,7 +541,8 @@ def nvfp4_matmul(
       algorithm by shape, and the decode kernel's MMA shape differs from the large-M one).
 
     large_tiles (batch-invariant, no config given): from BATCH_INVARIANT_LARGE_MIN_M rows the 128x256
-    tile with the shared K split (`pick_config`); None reads the environment (`large_tiles_on`)."""
+    tile with the shared K split (`pick_config`), True or "fused" decoding in the mainloop, "two_pass"
+    from float16 operands decoded by a pass before; None reads the environment (`large_tile_mode`)."""
     require_triton("nvfp4_matmul")
     check_nvfp4(a, "nvfp4_matmul: A")
     check_nvfp4(b, "nvfp4_matmul: B")
@@ -554,6 +589,9 @@ def nvfp4_matmul(
 
     cfg = config or pick_config(m, n, k, batch_invariant, dev_index, large_tiles)
     k_per, split = split_plan(k, cfg.split_k, cfg.block_k)
+    if cfg.two_pass:  # the mainloop reads float16 rows; the scale pointers are not read
+        aq = as_ = dequantize_f16(a, "nvfp4_matmul: A", steps=cfg.block_k)
+        bq = bs_ = dequantize_f16(b, "nvfp4_matmul: B", steps=cfg.block_k)
     if cfg.swap_ab and m > cfg.block_m:
         raise ValueError(f"nvfp4_matmul: a swap_ab config takes at most {cfg.block_m} rows, got {m}")
     # Split-K keeps a float32 workspace of split * M * N: at a 64 x 8,192-token prefill that is 32 GiB
@@ -591,13 +629,14 @@ __all__ = [
     "BATCH_INVARIANT_FEW_ROWS_CONFIG",
     "BATCH_INVARIANT_LARGE_CONFIG",
     "BATCH_INVARIANT_LARGE_MIN_M",
+    "BATCH_INVARIANT_TWO_PASS_CONFIG",
     "BI_LARGE_TILES_ENV",
     "CUBLAS_MIN_MNK",
     "DECODE_KERNEL_MIN_NK",
     "DECODE_CONFIG",
     "GemmConfig",
     "dequantize_f16",
-    "large_tiles_on",
+    "large_tile_mode",
     "nvfp4_matmul",
     "pick_config",
     "split_for",

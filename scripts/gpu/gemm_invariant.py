@@ -3,12 +3,14 @@ its time against cuBLAS bf16, at 8192^3 and at the Qwen3-30B-A3B attention proje
 
 Per shape (A: M x K activations with per-row scales, as the aligned trainer quantizes them; W: N x K
 weights, 16x16 blocks):
-- bits: the large tile (kernels/gemm.py BATCH_INVARIANT_LARGE_CONFIG, large_tiles=True) against the
+- bits: the large tile (kernels/gemm.py BATCH_INVARIANT_LARGE_CONFIG, large_tiles="fused", and its
+  two-pass twin BATCH_INVARIANT_TWO_PASS_CONFIG, large_tiles="two_pass") against the
   shipped 64x64 batch-invariant tile over the whole output, and rows 0, 1, 127, 128, M/2 and M-1 against
   one-row calls (the sampler's transposed 16x128 tile); on randn inputs and on inputs whose block
   magnitudes spread over decades (where tiles that round differently inside the MMA show it);
 - time (triton.testing.do_bench, median over inputs rotated past L2): cuBLAS bf16 x @ wᵀ, the 64x64
-  batch-invariant tile, the large tile, and the non-invariant fp16-dequantize + cuBLAS path; ratios to
+  batch-invariant tile, the large tile both ways (the two-pass time includes its decode pass), and the
+  non-invariant fp16-dequantize + cuBLAS path; ratios to
   cuBLAS bf16 (issue 33's target for the batch-invariant GEMM: >= 0.85).
 Writes a record that `python -m minite.results` renders like results/bench/kernels_h200.json.
 
@@ -48,26 +50,23 @@ def check_bits(chk: Checks, label: str, m: int, n: int, k: int) -> None:
         w = randn_blocks((n, k), 2, spread=spread)
         qx = nvfp4_quantize(x, QuantSpec(scope="row"))
         qw = nvfp4_quantize(w, QuantSpec(block="16x16"))
-        large = nvfp4_matmul(qx, qw, torch.bfloat16, batch_invariant=True, large_tiles=True)
         small = nvfp4_matmul(qx, qw, torch.bfloat16, batch_invariant=True, large_tiles=False)
-        differ = int((large.view(torch.int16) != small.view(torch.int16)).sum())
-        chk.add(
-            f"{label} spread {spread}: large tile == 64x64 tile, all {m}x{n}", differ == 0, f"{differ} differ"
-        )
         rows = sorted({0, 1, 127, 128, m // 2, m - 1})
         few = []
         for i in rows:
             xi = nvfp4_quantize(x[i : i + 1], QuantSpec(scope="row"))
             few.append(nvfp4_matmul(xi, qw, torch.bfloat16, batch_invariant=True))
-        few = torch.cat(few)
-        differ = int((large[rows].view(torch.int16) != few.view(torch.int16)).sum())
-        chk.add(
-            f"{label} spread {spread}: large-tile rows == one-row (sampler) calls, rows {rows}",
-            differ == 0,
-            f"{differ} of {few.numel()} differ",
-        )
-        nan = bool(torch.isnan(large).any())
-        chk.add(f"{label} spread {spread}: no NaN", not nan, "")
+        few = torch.cat(few).view(torch.int16)
+        for mode in ("fused", "two_pass"):
+            large = nvfp4_matmul(qx, qw, torch.bfloat16, batch_invariant=True, large_tiles=mode)
+            name = f"{label} spread {spread}: large tile ({mode})"
+            differ = int((large.view(torch.int16) != small.view(torch.int16)).sum())
+            chk.add(f"{name} == 64x64 tile, all {m}x{n}", differ == 0, f"{differ} differ")
+            differ = int((large[rows].view(torch.int16) != few).sum())
+            chk.add(
+                f"{name} rows {rows} == one-row (sampler) calls", differ == 0, f"{differ} of {few.numel()}"
+            )
+            chk.add(f"{name}: no NaN", not bool(torch.isnan(large).any()), "")
 
 
 def time_shape(label: str, m: int, n: int, k: int, l2: int) -> list[Row]:
@@ -84,7 +83,10 @@ def time_shape(label: str, m: int, n: int, k: int, l2: int) -> list[Row]:
     print(f"  {label}: {copies} input copies of {nbytes(qx[0]) + nbytes(qw[0])} bytes", flush=True)
     paths = {
         "batch-invariant 64x64 tile (shipped)": dict(batch_invariant=True, large_tiles=False),
-        "batch-invariant large tile (128x256, serial split)": dict(batch_invariant=True, large_tiles=True),
+        "batch-invariant large tile (128x256, serial split)": dict(batch_invariant=True, large_tiles="fused"),
+        "batch-invariant large tile, two-pass (fp16 decode pass + 128x256)": dict(
+            batch_invariant=True, large_tiles="two_pass"
+        ),
         "not batch-invariant: fp16 dequantize + cuBLAS": dict(method="cublas"),
     }
     rows = []
@@ -144,7 +146,8 @@ def main() -> None:
             chk.add(f"{label} ran", False, f"{type(exc).__name__}: {str(exc)[:300]}")
     note = (
         "large tile: BATCH_INVARIANT_LARGE_CONFIG (128x256x128, 8 warps, 3 stages) with the 64x64 tile's "
-        "K split, summed in one program (serial_split); off by default (MINITE_BI_LARGE_TILES=1)"
+        "K split, summed in one program (serial_split), decoding in its mainloop (MINITE_BI_LARGE_TILES=1) "
+        "or from float16 operands a pass decoded before (MINITE_BI_LARGE_TILES=two_pass); off by default"
     )
     write_report(record(env, ceil, chk, rows, t0, notes=[note]), args.out, args.md)
 

@@ -44,9 +44,12 @@ _POINTER_TYPES.update({name: "*i32" for name in ("lock_ptr", "offs_ptr", "poffs_
 
 
 def _signature(fn, constexprs: dict, out_type: str) -> dict[str, str]:
-    """Argument types as the launcher would infer them: byte operands, int32 counters and offsets, the
-    output (`out_type`), float32 for every other pointer, int32 scalars."""
+    """Argument types as the launcher would infer them: byte operands (float16 ones for a two-pass
+    config, DEQ = -1), int32 counters and offsets, the output (`out_type`), float32 for every other
+    pointer, int32 scalars."""
     types = {**_POINTER_TYPES, "out_ptr": out_type}
+    if constexprs.get("DEQ") == -1:
+        types.update({name: "*fp16" for name in ("aq_ptr", "as_ptr", "bq_ptr", "bs_ptr")})
     default = {True: "*fp32", False: "i32"}
     return {
         name: "constexpr" if name in constexprs else types.get(name, default[name.endswith("_ptr")])
@@ -83,7 +86,8 @@ def _consts(cfg, **more) -> dict:
     return {
         **dict(A_GS_ROW=True, B_GS_ROW=False, HAS_BIAS=False, ACC_SHIFT=262144.0, EVEN_K=True, OUT_BF16=True),
         **dict(BLOCK_M=getattr(cfg, "block_m", None), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k),
-        **dict(NUM_STAGES=cfg.num_stages, DEQ=cfg.dequant, DEQUANT_ASM=True, ASM=True, E_POW2=128),
+        **dict(NUM_STAGES=cfg.num_stages, DEQ=-1 if getattr(cfg, "two_pass", False) else cfg.dequant),
+        **dict(DEQUANT_ASM=True, ASM=True, E_POW2=128),
         **dict(GROUP_M=getattr(cfg, "group_m", 1), SWAP_AB=getattr(cfg, "swap_ab", False), N_FASTEST=True),
         **dict(SERIAL_SPLIT=getattr(cfg, "serial_split", False)),
         **more,
@@ -104,6 +108,8 @@ def gemm_cases(k):
     dense += [("bi_few_swap", g.BATCH_INVARIANT_FEW_ROWS_CONFIG, 4)]
     if hasattr(g, "BATCH_INVARIANT_LARGE_CONFIG"):
         dense += [("bi_large", g.BATCH_INVARIANT_LARGE_CONFIG, 4)]
+    if hasattr(g, "BATCH_INVARIANT_TWO_PASS_CONFIG"):
+        dense += [("bi_two_pass", g.BATCH_INVARIANT_TWO_PASS_CONFIG, 4)]
     cases = [
         (
             label,

@@ -49,6 +49,9 @@ DENSE_SPLIT = {
     "128x256 w8 serial split 2 (large)": GemmConfig(
         128, 256, 128, num_warps=8, num_stages=3, split_k=2, serial_split=True
     ),
+    "128x256 w8 two-pass serial split 2": GemmConfig(
+        128, 256, 128, num_warps=8, num_stages=3, split_k=2, serial_split=True, two_pass=True
+    ),
 }
 
 

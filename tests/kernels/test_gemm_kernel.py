@@ -347,17 +347,21 @@ def _few_row_rows(a: NVFP4Tensor, w: NVFP4Tensor, rows: list[int], device) -> to
     [(256, 2048), (200, 1056), (72, 512)],
     ids=["N256-K2048-split4", "N200-K1056-split2-shortlast", "N72-K512"],
 )
-def test_large_tile_rows_equal_the_few_row_tile(n, k, device, monkeypatch, tile_invariant_mma):
-    """The switch on (large_tiles=True), a batch-invariant GEMM of an odd M >= BATCH_INVARIANT_LARGE_MIN_M
-    runs the 128x256 tile with the 64x64 tile's K split, its shares summed in one program; each row
+@pytest.mark.parametrize("mode", ["fused", "two_pass"])
+def test_large_tile_rows_equal_the_few_row_tile(mode, n, k, device, monkeypatch, tile_invariant_mma):
+    """The switch on (large_tiles="fused" or "two_pass"), a batch-invariant GEMM of an odd M >=
+    BATCH_INVARIANT_LARGE_MIN_M runs the 128x256 tile with the 64x64 tile's K split, its shares summed in
+    one program, decoding in its mainloop or reading float16 operands a pass decoded before; each row
     equals, bit for bit, the row the sampler's few-row tile computes alone, and the whole output equals
     the 64x64 tile's (the switch off). Inputs: raw NVFP4 bytes with the E2M1/E4M3 edges (±6 nibbles, 448
     and subnormal scales, zero scales) and a row of zeros; K not a multiple of 128 and a short last K
     share in one case.
 
     Under the interpreter the MMA is `tile_invariant_mma`'s model, so this checks everything the code
-    decides (K ranges and order, the partials' order, the decode, the epilogue); whether the H200's
-    wgmma rounds alike on 128x256 and on the transposed 16x128 tile is the GPU's to show
+    decides (K ranges, the order of K steps and of the two half-step MMAs, the partials' order, the
+    decode, the epilogue) but the order within one MMA's K (`_k_order`), which an exact dot cannot see;
+    that, and whether the H200's wgmma rounds alike on 128x256 and on the transposed 16x128 tile, is
+    the GPU's to show
     (scripts/gpu/gemm_invariant_h200.sh, scripts/gpu/tile_bits.py)."""
     import minite.kernels.gemm as kgemm
 
@@ -367,9 +371,10 @@ def test_large_tile_rows_equal_the_few_row_tile(n, k, device, monkeypatch, tile_
     a = _edge_bytes(m, k, g, "row")
     wc = _edge_bytes(n, k, g, "tensor")
     w = _on(wc, device)
-    big = pick_config(m, n, k, batch_invariant=True, large_tiles=True)
-    assert big == replace(kgemm.BATCH_INVARIANT_LARGE_CONFIG, split_k=pick_config(1, n, k, True).split_k)
-    large = nvfp4_matmul(_on(a, device), w, torch.bfloat16, batch_invariant=True, large_tiles=True)
+    big = pick_config(m, n, k, batch_invariant=True, large_tiles=mode)
+    shipped = {"fused": kgemm.BATCH_INVARIANT_LARGE_CONFIG, "two_pass": kgemm.BATCH_INVARIANT_TWO_PASS_CONFIG}
+    assert big == replace(shipped[mode], split_k=pick_config(1, n, k, True).split_k)
+    large = nvfp4_matmul(_on(a, device), w, torch.bfloat16, batch_invariant=True, large_tiles=mode)
     small = nvfp4_matmul(_on(a, device), w, torch.bfloat16, batch_invariant=True, large_tiles=False)
     assert torch.equal(large.view(torch.int16), small.view(torch.int16))
     rows = [0, 1, 127, 128, m // 2, m - 1]
@@ -383,22 +388,26 @@ def test_large_tile_serial_split_keeps_the_split_launchs_bits(device, tile_invar
     """serial_split sums the K shares in one program in the order the split launch's last program adds
     them: for any split (3 of 4 K steps, a short last share) and small tiles, the output equals the
     split-over-programs launch bit for bit, and the float32 accumulation order is visible (no split
-    gives other bits on these inputs)."""
+    gives other bits on these inputs). two_pass (float16 operands decoded before, K not a multiple of
+    the step: zero-padded) gives the fused kernel's bits too."""
     g = gen(44)
-    m, n, k = 37, 48, 448
+    m, n, k = 37, 48, 464
     a = _on(quantize(blocky((m, k), g, spread=4.0), QuantSpec(scope="row")), device)
     w = _on(quantize(blocky((n, k), g, spread=4.0), QuantSpec(block="16x16")), device)
     for split in (2, 3):
         over_programs = nvfp4_matmul(a, w, config=GemmConfig(64, 32, 64, split_k=split))
         serial = nvfp4_matmul(a, w, config=GemmConfig(64, 32, 64, split_k=split, serial_split=True))
         assert torch.equal(serial, over_programs)
+        two_pass = GemmConfig(64, 32, 64, split_k=split, serial_split=True, two_pass=True)
+        assert torch.equal(nvfp4_matmul(a, w, config=two_pass), over_programs)
     unsplit = nvfp4_matmul(a, w, config=GemmConfig(64, 32, 64))
     assert not torch.equal(unsplit, serial)
 
 
 def test_large_tiles_switch(monkeypatch):
-    """Off by default; on through the argument or MINITE_BI_LARGE_TILES=1; only for batch-invariant
-    problems from BATCH_INVARIANT_LARGE_MIN_M rows; always with the shared K split and BLOCK_K."""
+    """Off by default; on through the argument or MINITE_BI_LARGE_TILES (1, two_pass); only for
+    batch-invariant problems from BATCH_INVARIANT_LARGE_MIN_M rows; always with the shared K split and
+    BLOCK_K."""
     import minite.kernels.gemm as kgemm
 
     monkeypatch.setattr(kgemm, "_sm_count", lambda index: 132)
@@ -414,8 +423,13 @@ def test_large_tiles_switch(monkeypatch):
         assert pick_config(big - 1, n, k, batch_invariant=True).block_m == 64
         assert pick_config(big, n, k) == kgemm.LARGE_CONFIG  # not batch-invariant: unchanged
     assert pick_config(big, 8192, 8192, True, large_tiles=False).block_m == 64
+    monkeypatch.setenv(kgemm.BI_LARGE_TILES_ENV, "two_pass")
+    two = pick_config(big, 8192, 8192, batch_invariant=True)
+    assert two == replace(
+        kgemm.BATCH_INVARIANT_TWO_PASS_CONFIG, split_k=pick_config(1, 8192, 8192, True).split_k
+    )
     monkeypatch.setenv(kgemm.BI_LARGE_TILES_ENV, "yes")
-    with pytest.raises(ValueError, match="MINITE_BI_LARGE_TILES must be 0 or 1"):
+    with pytest.raises(ValueError, match="MINITE_BI_LARGE_TILES / large_tiles must be 0, 1"):
         pick_config(big, 8192, 8192, batch_invariant=True)
     with pytest.raises(ValueError, match="serial_split"):
         GemmConfig(16, 128, 128, swap_ab=True, serial_split=True)
