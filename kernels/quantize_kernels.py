@@ -106,6 +106,34 @@ if HAS_TRITON:
         return code | tl.where(scaled < 0.0, 8, 0)
 
     @triton.jit
+    def _block_scale(s_enc, bamax, bad, SHAPE, FLAVOR, F8_MAX, FLOAT32_MAX, ONE_SIXTH):
+        """(E4M3 block scale as float32, its byte, the float32 multiplier into the E2M1 domain, bad) for
+        block amaxes `bamax` under global scales `s_enc` (both SHAPE), in the flavor's float32 ops
+        (nvfp4._block_scale_and_multiplier; FLAVOR 0 canonical, 1 te, 2 vllm).
+        Zero denominators are replaced before dividing, with the result the reference gets from the
+        division by zero (the interpreter warns on x / 0); with TE a NaN block amax or s_enc makes the
+        block scale and multiplier NaN (codes 0) and the block `bad`."""
+        if FLAVOR == 2:
+            v = tl.minimum(s_enc * (bamax * ONE_SIXTH), F8_MAX)
+        else:
+            v = bamax * (s_enc * ONE_SIXTH)
+        bs, bs_byte = _e4m3_rne(tl.minimum(v, F8_MAX))
+        one = tl.full(SHAPE, 1.0, tl.float32)
+        if FLAVOR == 0:
+            mult = tl.where(bs == 0.0, 0.0, tl.math.div_rn(s_enc, tl.where(bs == 0.0, 1.0, bs)))
+        elif FLAVOR == 1:
+            d = bs * tl.math.div_rn(one, s_enc)
+            inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
+            mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
+            mult = tl.where(v != v, float("nan"), mult)
+            bad = bad | (v != v)
+        else:
+            inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
+            d = bs * inv_s
+            mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
+        return bs, bs_byte, mult, bad
+
+    @triton.jit
     def _nvfp4_quantize_kernel(
         x_ptr,
         q_ptr,
@@ -221,27 +249,9 @@ if HAS_TRITON:
             s_enc = tl.full((BLOCK_R, NB), 0.0, tl.float32) + tl.load(gs_ptr)
 
         # E4M3 block scale and the float32 multiplier into the E2M1 domain (nvfp4._block_scale_and_multiplier)
-        if FLAVOR == 2:
-            v = tl.minimum(s_enc * (bamax * ONE_SIXTH), F8_MAX)
-        else:
-            v = bamax * (s_enc * ONE_SIXTH)
-        bs, bs_byte = _e4m3_rne(tl.minimum(v, F8_MAX))
-        one = tl.full((BLOCK_R, NB), 1.0, tl.float32)
-        # (zero denominators are replaced before dividing, with the result the reference gets from the
-        # division by zero: the interpreter warns on x / 0)
-        if FLAVOR == 0:
-            mult = tl.where(bs == 0.0, 0.0, tl.math.div_rn(s_enc, tl.where(bs == 0.0, 1.0, bs)))
-        elif FLAVOR == 1:
-            d = bs * tl.math.div_rn(one, s_enc)
-            inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
-            mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
-            # a NaN block amax or s_enc: TE's block scale and multiplier are NaN (codes 0)
-            mult = tl.where(v != v, float("nan"), mult)
-            bad = bad | (v != v)
-        else:
-            inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
-            d = bs * inv_s
-            mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
+        bs, bs_byte, mult, bad = _block_scale(
+            s_enc, bamax, bad, (BLOCK_R, NB), FLAVOR, F8_MAX, FLOAT32_MAX, ONE_SIXTH
+        )
 
         scaled = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 16)) * mult[:, :, None], (BLOCK_R, BLOCK_C))
         if STOCHASTIC:
@@ -455,25 +465,10 @@ if HAS_TRITON:
         else:
             s_enc = tl.full((BLOCK_R, BLOCK_NB), 0.0, tl.float32) + tl.load(gs_ptr)
         # E4M3 block scale and the multiplier, as _nvfp4_quantize_kernel (nvfp4._block_scale_and_multiplier)
-        if FLAVOR == 2:
-            v = tl.minimum(s_enc * (bamax * ONE_SIXTH), F8_MAX)
-        else:
-            v = bamax * (s_enc * ONE_SIXTH)
-        bs, bs_byte = _e4m3_rne(tl.minimum(v, F8_MAX))
-        one = tl.full((BLOCK_R, BLOCK_NB), 1.0, tl.float32)
-        if FLAVOR == 0:
-            mult = tl.where(bs == 0.0, 0.0, tl.math.div_rn(s_enc, tl.where(bs == 0.0, 1.0, bs)))
-        elif FLAVOR == 1:
-            d = bs * tl.math.div_rn(one, s_enc)
-            inv_d = tl.math.div_rn(one, tl.where(d == 0.0, 1.0, d))
-            mult = tl.where(d == 0.0, FLOAT32_MAX, tl.minimum(inv_d, FLOAT32_MAX))
-            # a NaN block amax or s_enc: TE's block scale and multiplier are NaN (codes 0)
-            mult = tl.where(v != v, float("nan"), mult)
-            bad = bad | (v != v)
-        else:
-            inv_s = tl.math.div_rn(one, s_enc + tl.where(s_enc == 0.0, 1e8, 0.0))
-            d = bs * inv_s
-            mult = tl.math.div_rn(one, d + tl.where(d == 0.0, 1e8, 0.0))
+        shape: tl.constexpr = (BLOCK_R, BLOCK_NB)
+        bs, bs_byte, mult, bad = _block_scale(
+            s_enc, bamax, bad, shape, FLAVOR, F8_MAX, FLOAT32_MAX, ONE_SIXTH
+        )
         w0 = _pack8(x0, mult, BLOCK_R, BLOCK_NB, FLAVOR == 1)
         w1 = _pack8(x1, mult, BLOCK_R, BLOCK_NB, FLAVOR == 1)
         q_ptrs = q_ptr + brow.to(tl.int64)[:, None, None] * (NB * 2) + (blocks * 2)[None, :, None]
