@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from minite.bench.kernel_report import TARGETS, Row
+from minite.bench.kernel_report import TARGETS, Row, timed_or_nan
 from minite.bench.timing import bench, bench_graph, copies_for, nbytes, randn_blocks
 
 
@@ -34,13 +34,8 @@ def bench_dense(n: int, cublas_ms: float, l2: int, sweep: bool) -> tuple[list[Ro
         )
     sweep_ms = {}
     for label, cfg in configs.items():
-        try:
-            sweep_ms[label] = bench(
-                lambda a, b, cfg=cfg: nvfp4_matmul(a, b, torch.bfloat16, config=cfg), sets
-            )
-        except Exception as exc:  # a config that does not compile or fit is reported, not fatal
-            sweep_ms[label] = float("nan")
-            print(f"  config {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        run = lambda a, b, cfg=cfg: nvfp4_matmul(a, b, torch.bfloat16, config=cfg)
+        sweep_ms[label] = timed_or_nan(f"config {label}", bench, run, sets)
         print(
             f"  dense {label}: {sweep_ms[label]:.3f} ms = {flops / sweep_ms[label] / 1e9:.0f} TFLOP/s",
             flush=True,
@@ -108,32 +103,14 @@ def bench_dense(n: int, cublas_ms: float, l2: int, sweep: bool) -> tuple[list[Ro
     f_ms = bench(fused, fsets)
     u_ms = bench(unfused, fsets, warmup=3, rep=20)
     k_ms = bench(unfused_kq, fsets, warmup=3, rep=20)
-    rows.append(
-        Row(
-            "dense",
-            "fused: quantize x + W4A4 GEMM",
-            f"M=N=K={n}",
-            f_ms,
-            u_ms,
-            "unfused torch quantize -> dequantize -> cuBLAS bf16",
-            u_ms / f_ms,
-            "speedup",
-            TARGETS["fused_vs_unfused"],
+    for base_ms, baseline, target in (
+        (u_ms, "unfused torch quantize -> dequantize -> cuBLAS bf16", TARGETS["fused_vs_unfused"]),
+        (k_ms, "kernel quantize -> torch dequantize -> cuBLAS bf16", None),
+    ):
+        name = "fused: quantize x + W4A4 GEMM"
+        rows.append(
+            Row("dense", name, f"M=N=K={n}", f_ms, base_ms, baseline, base_ms / f_ms, "speedup", target)
         )
-    )
-    rows.append(
-        Row(
-            "dense",
-            "fused: quantize x + W4A4 GEMM",
-            f"M=N=K={n}",
-            f_ms,
-            k_ms,
-            "kernel quantize -> torch dequantize -> cuBLAS bf16",
-            k_ms / f_ms,
-            "speedup",
-            None,
-        )
-    )
     return rows, sweep_ms
 
 
@@ -230,16 +207,10 @@ def bench_decode(l2: int, sweep: bool) -> tuple[list[Row], dict[str, float]]:
             elif sweep:
                 configs["best of the M=16 sweep"] = best_cfg
             for label, cfg in configs.items():
-                try:
-                    t = bench_graph(
-                        lambda w, cfg=cfg, qx=qx: nvfp4_matmul(
-                            qx, w, torch.bfloat16, method="decode", decode_config=cfg
-                        ),
-                        [(w,) for w in qws],
-                    )
-                except Exception as exc:
-                    t = float("nan")
-                    print(f"  decode config {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                run = lambda w, cfg=cfg, qx=qx: nvfp4_matmul(
+                    qx, w, torch.bfloat16, method="decode", decode_config=cfg
+                )
+                t = timed_or_nan(f"decode config {label}", bench_graph, run, [(w,) for w in qws])
                 sweep_ms[f"M={m} N=K={nk} {label}"] = t
                 print(
                     f"  decode M={m} N=K={nk} {label}: {t * 1e3:.2f} us (cuBLAS {base * 1e3:.2f} us, "

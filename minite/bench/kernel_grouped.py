@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from minite.bench.kernel_report import TARGETS, Row
+from minite.bench.kernel_report import TARGETS, Row, timed_or_nan
 from minite.bench.timing import bench, randn_blocks
 
 
@@ -143,14 +143,8 @@ def bench_grouped(sweep: bool) -> tuple[list[Row], dict[str, float]]:
                 }
             )
         for cl, cfg in configs.items():
-            try:
-                t = bench(
-                    lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg),
-                    [(qa, qw)],
-                )
-            except Exception as exc:
-                t = float("nan")
-                print(f"  grouped config {cl}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            run = lambda a, b, cfg=cfg: nvfp4_grouped_matmul(a, b, offs, torch.bfloat16, config=cfg)
+            t = timed_or_nan(f"grouped config {cl}", bench, run, [(qa, qw)])
             sweep_ms[f"{label} {cl}"] = t
             print(
                 f"  grouped {label} {cl}: {t:.3f} ms = {flops / t / 1e9:.0f} TFLOP/s "

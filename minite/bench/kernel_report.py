@@ -26,6 +26,16 @@ class Row:
         return None if self.target is None else self.ratio >= self.target
 
 
+def timed_or_nan(what: str, timer, fn, sets: list, **kw) -> float:
+    """timer(fn, sets, **kw) in ms (minite.bench.timing.bench or bench_graph), or NaN with the error
+    printed: a config that does not compile or does not fit is reported, not fatal to the run."""
+    try:
+        return timer(fn, sets, **kw)
+    except Exception as exc:
+        print(f"  {what}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return float("nan")
+
+
 def markdown(result: dict[str, Any]) -> str:
     env, ceil = result["environment"], result["ceilings"]
     lines = [

@@ -26,7 +26,7 @@ import time
 import torch
 
 from minite.bench.kernel_checks import Checks
-from minite.bench.kernel_report import Row
+from minite.bench.kernel_report import Row, timed_or_nan
 from minite.bench.kernels import ceilings, record, write_report
 from minite.bench.timing import bench, copies_for, environment, nbytes, randn_blocks
 
@@ -92,11 +92,8 @@ def time_shape(label: str, m: int, n: int, k: int, l2: int) -> list[Row]:
     rows = []
     flops = 2 * m * n * k
     for name, kw in paths.items():
-        try:
-            ms = bench(lambda a, b, kw=kw: nvfp4_matmul(a, b, torch.bfloat16, **kw), sets)
-        except Exception as exc:  # one path failing must not lose the others' numbers
-            print(f"  {label} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            ms = float("nan")
+        run = lambda a, b, kw=kw: nvfp4_matmul(a, b, torch.bfloat16, **kw)
+        ms = timed_or_nan(f"{label} {name}", bench, run, sets)  # one path failing keeps the others
         print(
             f"  {label} {name}: {ms:.3f} ms = {flops / ms / 1e9:.0f} TFLOP/s, bf16 {ms_bf16:.3f} ms",
             flush=True,
