@@ -11,7 +11,7 @@ weights, 16x16 blocks):
 - time (triton.testing.do_bench, median over inputs rotated past L2): cuBLAS bf16 x @ wᵀ, the 64x64
   batch-invariant tile, the large tile both ways (the two-pass time includes its decode pass), and the
   non-invariant fp16-dequantize + cuBLAS path; ratios to
-  cuBLAS bf16 (issue 33's target for the batch-invariant GEMM: >= 0.85).
+  cuBLAS bf16 (the target for the batch-invariant GEMM: >= 0.85x).
 Writes a record that `python -m minite.results` renders like results/bench/kernels_h200.json.
 
     python3 scripts/gpu/gemm_invariant.py --out results/bench/gemm_invariant_h200.json \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The large batch-invariant W4A4 tile on one H200 (issue 33): bits first, then time against cuBLAS bf16.
+# The large batch-invariant W4A4 tile on one H200: bits first, then time against cuBLAS bf16.
 #   1. the kernel tests on the GPU that hold the large tile to the few-row tile and the split launch;
 #   2. scripts/gpu/tile_bits.py: every tile's bits against the shipped ones (the large tile and the
 #      serial split included), on randn inputs and on block magnitudes spread over 10^±3;
