@@ -26,7 +26,7 @@ A fourth recipe separates format from execution: `bf16_aligned` runs `minite`'s 
 above except the NVFP4 GEMMs) with bf16 weights and activations, so its gap is exactly 0 in bf16. The
 2x2 {bf16, NVFP4} x {each engine's own, aligned} = bf16, bf16_aligned, te_nvfp4, minite lets the
 claims report estimate the alignment effect within each format and the format effect within aligned
-execution (minite/claims.py).
+execution (minite/claims/verdicts.py).
 
 Recipes live in Python (this registry) and in YAML (configs/recipes/, configs/ablations/). A YAML file
 may `extends:` another recipe and override single fields, which is how ablations switch one alignment

@@ -115,8 +115,8 @@ def _scaling(record: dict[str, Any]) -> str:
 
 
 def _claims(record: dict[str, Any]) -> str:
-    """The claims report: its head from the record's provenance, the body from minite.claims_report."""
-    from minite.claims_report import claims_markdown
+    """The claims report: its head from the record's provenance, the body from minite.claims.markdown."""
+    from minite.claims.markdown import claims_markdown
 
     seeds = sorted({s for a in record["arms"].values() for s in a["seeds"]})
     head = (

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
         if missing:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
         from minite.claims import evaluate, load_seeds
-        from minite.claims_report import claims_markdown, record
+        from minite.claims.markdown import claims_markdown, record
         from minite.figures.claims import fig_curves, fig_dose, fig_final, fig_gap_length
         from minite.figures.style import apply_style
         from minite.tracking import git_commit
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
         provenance = None
         curve_sources: list = list(args.rl)
         if args.ledger:
-            from minite.claims_seeds import ledger_seeds
+            from minite.claims.seeds import ledger_seeds
 
             names = [roles["baseline"], roles["naive"], roles["aligned"], roles["aligned_bf16"]]
             names += [*roles.get("corrections", []), *roles.get("dose_response", [])]

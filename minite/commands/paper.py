@@ -5,7 +5,7 @@ r"""`minite paper`: the paper-style Markdown report of a profile, from `minite f
         --prepare-metrics results/tiny/prepare/prepare_metrics.json \
         --run-config results/tiny/rl/minite/seed0/config.json --out paper/tiny
 
-Writes <out>/report.md with copies of the figures and tables next to it (see minite.paper).
+Writes <out>/report.md with copies of the figures and tables next to it (see minite.figures.paper_report).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        from minite.paper import build_report
+        from minite.figures.paper_report import build_report
         from minite.tracking import git_commit, job_run
 
         job_cm = contextlib.nullcontext()

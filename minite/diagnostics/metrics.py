@@ -41,7 +41,7 @@ bin. For each bin [lo, hi) of the edges 0, 4, 8, 16, 32, 128, 512 (the last bin 
 
 (bins named with zero-padded bounds, e.g. gap_by_pos/004_008, gap_by_len/512_inf). A bin's mean weighted
 by its fraction sums to logp_abs_diff_mean over the bins (up to rounding), and over several steps the
-mean |d| of a bin is sum(gap x tokens) / sum(tokens) (minite.claims_report).
+mean |d| of a bin is sum(gap x tokens) / sum(tokens) (minite.claims.markdown).
 
 Sequence metrics, over sequences with at least one valid token:
 

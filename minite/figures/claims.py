@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from minite.claims import run_name
+from minite.claims.intervals import t_interval
 from minite.figures.style import label, palette, save
-from minite.intervals import t_interval
 
 Source = str | Path | dict[str, Any]  # an RL run folder, or a results-ledger record (minite.rl.ledger)
 

@@ -11,7 +11,7 @@ measured wall time of every arm, which a later call passes back as `--estimate a
 
 Scheduling. Jobs are ordered seed by seed (every arm of seed 0, then of seed 1, ...), so that the seeds a
 call finishes are complete pairs (each seed gives every arm the same base model, data order and
-sampler seeds: minite/claims.py), and within a seed the longest arm first (longest-processing-time
+sampler seeds: minite/claims/verdicts.py), and within a seed the longest arm first (longest-processing-time
 first packs a deadline best). A free slot takes the first job whose estimated wall time fits before the
 runs' deadline; every run gets `minite train --time-limit` = the time left to that deadline less
 `--startup-s` (imports, model load, final eval, checkpoint), so a run whose estimate was short ends early

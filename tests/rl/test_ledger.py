@@ -115,7 +115,7 @@ def test_hash_follows_settings_recipe_and_numerics_version(results):
 
 
 def test_claims_numbers_from_a_record_equal_the_folders(results):
-    from minite.claims_seeds import seed_metrics, seed_metrics_from_record
+    from minite.claims.seeds import seed_metrics, seed_metrics_from_record
 
     d = results / "rl" / "minite" / "seed0"
     a = seed_metrics(d, results / "eval" / "minite" / "seed0.json")

@@ -132,7 +132,7 @@ def _fake_results(root: Path) -> dict:
 def test_figures_tables_and_report(tmp_path):
     pytest.importorskip("seaborn")
     from minite.figures.build import build
-    from minite.paper import build_report
+    from minite.figures.paper_report import build_report
 
     res = _fake_results(tmp_path)
     bench = tmp_path / "benchmarks" / "rl" / "bf16"

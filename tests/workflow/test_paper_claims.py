@@ -1,16 +1,17 @@
-"""The report's Claims section (minite.paper.claims_section): built from `minite claims` output, with
+"""The report's Claims section (minite.figures.paper_report.claims_section): built from `minite claims`
+output, with
 its figures copied next to the report; absent when there is no claims.json."""
 
 from __future__ import annotations
 
 import json
 
-from tests.test_claims import BASE, MINITE_RECIPE, ROLES, write_run
+from tests.claims.test_verdicts import BASE, MINITE_RECIPE, ROLES, write_run
 
 
 def test_claims_section_from_the_verb_output(tmp_path):
     from minite.commands.claims import main
-    from minite.paper import claims_section
+    from minite.figures.paper_report import claims_section
 
     rl, evs = [], []
     for run, qs in BASE.items():

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from minite.intervals import _mean
+from minite.claims.intervals import _mean
 
 # GRPO keys that change the objective to correct for the gap (token TIS, sequence MIS, Geo-RS)
 CORRECTION_KEYS = ("tis", "mis", "geo_rs")

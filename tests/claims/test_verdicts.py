@@ -1,4 +1,4 @@
-"""minite.claims and minite.claims_seeds: per-seed numbers from a written RL folder,
+"""minite.claims and minite.claims.seeds: per-seed numbers from a written RL folder,
 every verdict branch of C1-C4 on made-up arms, C5 from benchmark JSONs, and the `minite claims` verb."""
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minite import claims as C
-from minite.claims_report import claims_markdown
+from minite.claims import verdicts as C
+from minite.claims.markdown import claims_markdown
 
 # --- per-seed numbers from an RL folder -------------------------------------------------------------------
 
@@ -422,7 +422,7 @@ def test_seeds_needed_from_the_paired_spread():
     v, res = verdicts(arms({**BASE, "bf16": [0.50, 0.57, 0.49], "minite": [0.50, 0.51, 0.52]}))
     c2 = res["claims"]["C2"]
     assert v["C2"] == "inconclusive" and "paired differences" in c2["to_settle"]
-    from minite.intervals import seeds_needed_paired
+    from minite.claims.intervals import seeds_needed_paired
 
     sd = c2["numbers"]["difference"]["sd"]
     n = seeds_needed_paired(sd, -0.01 + 0.05)
@@ -526,7 +526,7 @@ def test_c5_on_a_gpu_with_fp4_tensor_cores(tmp_path, bf16, te, verdict):
 
 
 def test_c5_on_the_committed_benchmarks():
-    bench = Path(__file__).resolve().parents[1] / "results" / "bench"
+    bench = Path(__file__).resolve().parents[2] / "results" / "bench"
     c5 = C.claim_c5(bench)
     runs = [json.loads(p.read_text()) for p in bench.glob("learner_h200*.json")]
     # the speed ratio needs both recipes in one run (files of minite against its own variants don't count)
@@ -657,7 +657,7 @@ def test_calibrate_logit_noise_by_hand():
 def test_the_positive_control_arms_are_calibrated_from_the_committed_record():
     from minite.configuration import load_yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     rec = json.loads((root / "results" / "reference" / "claims.json").read_text())
     arms = rec["arms"]
     pts = [(a["logit_noise"], a["gap"]["mean"]) for a in arms.values() if a["logit_noise"] > 0]
@@ -684,7 +684,7 @@ def test_the_2x2_experiment_overlay():
     from minite.configuration import load_yaml
     from minite.profiles import load_profile, run_names, run_seeds
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cfg = load_profile("claims", load_yaml(root / "configs" / "experiments" / "claims_2x2.yaml"))
     seeds = {r: run_seeds(cfg, r) for r in run_names(cfg)}
     for arm in ("bf16", "bf16_aligned", "te_nvfp4", "minite", "minite_noise_te", "minite_noise_te10"):

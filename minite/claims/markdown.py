@@ -2,7 +2,7 @@
 the committed record of an experiment (claims.md + claims.json with commit, date and command).
 
 Everything printed comes from the `minite.claims.evaluate` result; the verdict rules are those of
-minite/claims.py's docstring, quoted in short here so the section can be read on its own.
+minite/claims/verdicts.py's docstring, quoted in short here so the section can be read on its own.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from minite.claims import fmt_interval
+from minite.claims.verdicts import fmt_interval
 
 RULES = (
-    "Verdict rules (minite/claims.py): intervals are {level:.0%} Student-t over seeds ({differences}); "
-    "δ = {margin} exact match is the smallest quality difference that counts. "
+    "Verdict rules (minite/claims/verdicts.py): intervals are {level:.0%} Student-t over seeds "
+    "({differences}); δ = {margin} exact match is the smallest quality difference that counts. "
     "C1: the aligned gap is exactly 0 and an arm with the trainer's exact weights in the same formats but "
     "other execution has a gap > 0. C2: no non-finite step, no collapse, and CI(aligned − bf16) > −δ. "
     "C3: CI(naive − aligned) < 0 (not reproduced if CI > −δ). C4: aligned gap 0 with the plain objective, "

@@ -282,9 +282,9 @@ def build_report(
 
 
 def claims_section(claims_dir: str | Path, out: Path) -> str:
-    """The Claims section (minite.claims_report) from `minite claims` output, its figures copied next to
+    """The Claims section (minite.claims.markdown) from `minite claims` output, its figures copied next to
     the report; "" when the folder holds no claims.json."""
-    from minite.claims_report import claims_markdown
+    from minite.claims.markdown import claims_markdown
 
     cdir = Path(claims_dir)
     result = _read(cdir / "claims.json")

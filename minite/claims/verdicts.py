@@ -16,9 +16,9 @@ the roles: `baseline` (bf16), `naive` (te_nvfp4), `aligned` (minite), `aligned_b
 (the aligned recipe with one naive component switched on, all of them, or a synthetic logit noise on the
 sampler) and `positive_control` (calibrated injected-mismatch arms, below).
 
-Per-seed numbers (quality, loop_eval, reward windows, gap, ...): minite.claims_seeds.
+Per-seed numbers (quality, loop_eval, reward windows, gap, ...): minite.claims.seeds.
 
-Intervals, at `level` (default 0.95), over seeds (minite.intervals):
+Intervals, at `level` (default 0.95), over seeds (minite.claims.intervals):
   one arm's mean:       Student t, mean ± t(n-1) · s / sqrt(n)          (`t_interval`)
   a difference A - B:   paired t over the seeds both arms ran (`paired_interval`: the t interval of
                         the per-seed differences) when the design pairs (`paired`, default true),
@@ -87,6 +87,10 @@ When a verdict is inconclusive the result says what would settle it: for a diffe
 wide, the seeds per arm at which the t half-width, with the observed standard deviations, would be
 small enough (`seeds_needed`; for a paired interval from the spread of the per-seed differences,
 `seeds_needed_paired`).
+
+Why one module of ~900 lines: the rules above are the spec, and each claim's function below applies one
+of them; a reader checks a verdict against its rule in one file (per-seed numbers, intervals and the
+Markdown live beside it in minite/claims/).
 """
 
 from __future__ import annotations
@@ -98,19 +102,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minite.claims_seeds import (  # noqa: F401 - the per-seed API, re-exported for callers of minite.claims
-    CORRECTION_KEYS,
-    _read_json,
-    at_step,
-    common_eval_bound,
-    default_window,
-    load_seeds,
-    run_name,
-    same_weights_and_formats,
-    seed_metrics,
-)
-from minite.configuration import ConfigError
-from minite.intervals import (
+from minite.claims.intervals import (
     Interval,
     _clean,
     _sd,
@@ -123,6 +115,18 @@ from minite.intervals import (
     t_interval,
     welch_interval,
 )
+from minite.claims.seeds import (  # noqa: F401 - the per-seed API, re-exported for callers of minite.claims.verdicts
+    CORRECTION_KEYS,
+    _read_json,
+    at_step,
+    common_eval_bound,
+    default_window,
+    load_seeds,
+    run_name,
+    same_weights_and_formats,
+    seed_metrics,
+)
+from minite.configuration import ConfigError
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
@@ -484,7 +488,7 @@ def _shown(path: Path) -> str:
     """A benchmark file as the record cites it: relative to the repository when it is inside it (the
     record is read in another checkout)."""
     try:
-        return str(path.resolve().relative_to(Path(__file__).resolve().parents[1]))
+        return str(path.resolve().relative_to(Path(__file__).resolve().parents[2]))
     except ValueError:
         return str(path)
 
@@ -815,7 +819,7 @@ def _insensitive(claim: dict[str, Any], sens: dict[str, Any]) -> dict[str, Any]:
 
 def gap_by_length(by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per arm and axis ("pos": token position in the completion, "len": completion length), per bin:
-    the mean over seeds of each seed's token-weighted mean |Δlogp| (minite.claims_seeds.gap_bins), the
+    the mean over seeds of each seed's token-weighted mean |Δlogp| (minite.claims.seeds.gap_bins), the
     bin's mean share of tokens, and how many seeds had a token there. Arms run without the bins are
     left out."""
     out: dict[str, dict[str, Any]] = {}

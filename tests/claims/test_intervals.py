@@ -1,10 +1,10 @@
-"""minite.intervals against hand-computed values and the t table."""
+"""minite.claims.intervals against hand-computed values and the t table."""
 
 import math
 
 import pytest
 
-from minite import intervals as I
+from minite.claims import intervals as I
 
 
 def test_t_quantiles_match_the_table():
