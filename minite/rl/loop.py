@@ -221,18 +221,23 @@ def sample_groups(
                 kept = list(zip(groups, exs, strict=True))
         if not fg.enable or rollout.ranks.broadcast(done):
             break
-    if not rollout.ranks.lead:
-        return None
-    if fault is not None:
-        return fault
-    if fg.enable and len(kept) < want and fg.on_exhausted == "error":
-        raise RuntimeError(
+    short = None
+    if rollout.ranks.lead and fault is None and fg.enable and len(kept) < want and fg.on_exhausted == "error":
+        short = (
             f"step {step}: dynamic sampling found {len(kept)} of rollout.prompts_per_step={want} groups with "
             f"unequal rewards in {batches} generation batches ({generated} groups; "
             f"rollout.filter_groups.max_num_gen_batches={fg.max_num_gen_batches}); raise it, set "
             "filter_groups.on_exhausted: partial to train on what there is, or check that the task is "
             "neither too hard nor too easy for the model"
         )
+    if fg.enable:
+        short = rollout.ranks.broadcast(short)  # every rank stops, not rank 0 alone
+    if short is not None:
+        raise RuntimeError(short)
+    if not rollout.ranks.lead:
+        return None
+    if fault is not None:
+        return fault
     kept = kept[:want]
     # data parallel, every rank takes the same number of rows
     world = rollout.ranks.world
