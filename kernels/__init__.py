@@ -8,8 +8,9 @@
                      reduced in the same launch in a fixed order   <- minite.numerics.nvfp4_matmul_ref
     grouped_gemm.py  grouped W4A4 GEMMs for MoE experts: forward/dgrad and wgrad
     moe.py           MoE expert execution on the grouped kernels (trainer autograd + sampler)
-    norm.py          fp32 RMSNorm in one pass, batch invariant    <- minite.nn.norm.rms_norm_fp32_ref
-    rope.py          fp32 RoPE in one pass, the same bits         <- minite.nn.attention.apply_rope_fp32_ref
+    norm.py          fp32 RMSNorm in one pass, batch invariant    <- minite.nn.rms_norm.rms_norm_fp32_ref
+    rope.py          fp32 RoPE in one pass, the same bits
+                                                  <- minite.nn.aligned_attention.apply_rope_fp32_ref
     qk_norm_rope.py  q/k fp32 norm + RoPE (+ the KV-cache write) in one launch, the bits of norm.py
                      then rope.py                                 <- AlignedAttention._inputs
     attention.py     the fixed attention core: one fp32 algorithm (fixed key-block and chunk order) for the
@@ -19,7 +20,7 @@
     routing.py       MoE routing (expert sort) and the ordered combine at decode sizes, one kernel each
                                                                   <- route_by_expert_ref, combine_routed_ref
     router.py        fp32 router logits in one summation order: batch invariant
-                                                                  <- minite.nn.router.router_logits_fp32_ref
+                                                  <- minite.nn.moe_routing.router_logits_fp32_ref
     bf16_gemm.py     bf16/fp16 GEMM of the linears a quantized recipe keeps in bf16: batch invariant
                                                                   <- F.linear
 

@@ -1,6 +1,6 @@
 """MoE experts on the grouped W4A4 kernels: the CUDA twin of the per-expert loops.
 
-The references are the loops in minite/nn/moe.py (`QuantExperts.forward`, trainer) and
+The references are the loops in minite/nn/moe_layers.py (`QuantExperts.forward`, trainer) and
 minite/engines/vllm/methods.py (`MiniteMoEMethod._run_experts`, sampler). They run, for each expert e
 in ascending id order, the quantized linears on the rows routed to e, scale by the routing weight and
 `index_add_` into the output. Here the routed rows are sorted by expert once (a stable sort, so within
@@ -152,7 +152,7 @@ def _stacked_weight(module, attr: str, packed: list[NVFP4Tensor] | None, spec) -
 def quant_experts_forward(
     module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ):
-    """minite.nn.moe.QuantExperts.forward on the grouped kernels (CUDA), with autograd."""
+    """minite.nn.moe_layers.QuantExperts.forward on the grouped kernels (CUDA), with autograd."""
     n = module.numerics
     dev = hidden_states.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden_states.dtype

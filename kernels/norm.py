@@ -1,4 +1,4 @@
-"""fp32 RMSNorm in one kernel: the twin of minite.nn.norm.rms_norm_fp32_ref.
+"""fp32 RMSNorm in one kernel: the twin of minite.nn.rms_norm.rms_norm_fp32_ref.
 
     y = bf16( w · (x · rstd) ),  rstd = 1 / sqrt(mean(x²) + eps),  all in float32, one rounding at the end
 

@@ -1,4 +1,4 @@
-"""fp32 RoPE in one kernel: the twin of minite.nn.attention.apply_rope_fp32, bit for bit.
+"""fp32 RoPE in one kernel: the twin of minite.nn.aligned_attention.apply_rope_fp32, bit for bit.
 
     out[:h] = x1·c − x2·s,  out[h:] = x2·c + x1·s   (float32, one rounding to x's dtype; h = d/2)
 

@@ -1,5 +1,5 @@
 """fp32 MoE router logits with one summation order for every batch: the twin of
-minite.nn.router.router_logits_fp32_ref.
+minite.nn.moe_routing.router_logits_fp32_ref.
 
     logits[m, e] = sum_k float32(h[m, k]) · float32(w[e, k]),  float32, in one order for every batch
 

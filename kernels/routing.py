@@ -221,7 +221,7 @@ def combine_routed_ref(
     top_k_weights: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """`combine_routed` in torch ops: the sampler's combine as minite.nn.moe wrote it before the kernel."""
+    """`combine_routed` in torch ops: the sampler's combine in minite.nn.moe_layers' torch ops."""
     t, a = top_k_index.shape
     perm = torch.empty_like(inv, dtype=torch.long)
     perm[inv.long()] = torch.arange(inv.numel(), device=inv.device)

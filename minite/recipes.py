@@ -74,12 +74,12 @@ class NumericsSpec:
     fp32_router: bool = False  # router logits + softmax + top-k in fp32
     fp32_norm: bool = False  # RMSNorm in fp32
     deterministic_topk: bool = False  # ties broken by lowest expert id, independent of kernel
-    # RoPE and the attention core (minite/nn/attention.py). "native": each engine's own op (transformers'
-    # bf16 apply_rotary_pos_emb and SDPA; vLLM's rotary op and attention backend). rope "fp32": rotate in
-    # fp32 from the bf16 cos/sin table, one rounding (vLLM's CPU kernel arithmetic). attention "fixed": one
-    # attention algorithm for every phase, so prefill/decode/batching cannot change a query's result
-    # (minite/nn/attention_fixed.py): on CUDA fp32 tiled Triton kernels in one fixed order of key blocks
-    # and chunks; on CPU the float64 core, rounded once.
+    # RoPE and the attention core (minite/nn/aligned_attention.py). "native": each engine's own op
+    # (transformers' bf16 apply_rotary_pos_emb and SDPA; vLLM's rotary op and attention backend). rope "fp32":
+    # rotate in fp32 from the bf16 cos/sin table, one rounding (vLLM's CPU kernel arithmetic). attention
+    # "fixed": one attention algorithm for every phase, so prefill/decode/batching cannot change a query's
+    # result (minite/nn/attention_fixed.py): on CUDA fp32 tiled Triton kernels in one fixed order of key
+    # blocks and chunks; on CPU the float64 core, rounded once.
     rope: RopeArithmetic = "native"
     attention: AttentionCore = "native"
     # How the GEMMs execute on CUDA (on CPU every path runs the pure-torch reference, bit for bit, so

@@ -137,20 +137,6 @@ def test_no_round_labels_in_the_product():
     assert found == []
 
 
-# Basenames that several product files still share, each a rename still to make (a file's name should
-# say what it holds without its folder): kernels and the modules they accelerate, verbs and the modules
-# they drive, and a few others. The test fails on a new one, so the list only shrinks.
-SHARED_BASENAMES = {
-    "attention.py": {"kernels", "minite/engines/vllm", "minite/nn"},
-    "claims.py": {"minite/commands", "minite/figures"},
-    "decode.py": {"kernels", "minite/engines"},
-    "gemm.py": {"kernels", "minite/numerics"},
-    "ledger.py": {"minite/commands", "minite/rl"},
-    "moe.py": {"kernels", "minite/nn"},
-    "norm.py": {"kernels", "minite/nn"},
-    "plan.py": {"minite/commands", "minite/distributed"},
-    "router.py": {"kernels", "minite/nn"},
-}
 
 
 def shared_basenames(paths: list[Path]) -> dict[str, set[str]]:
@@ -171,8 +157,7 @@ def test_no_new_shared_basename():
     paths = [p.relative_to(REPO) for d in ("minite", "kernels") for p in (REPO / d).rglob("*.py")]
     assert len(paths) > 100, "the scan found no files"
     found = shared_basenames(paths)
-    new = {name: where for name, where in found.items() if not where <= SHARED_BASENAMES.get(name, set())}
-    assert new == {}, "a file's name says what it holds: rename it (or its twin) instead of sharing a name"
+    assert found == {}, "a file's name says what it holds: rename it (or its twin) instead of sharing a name"
 
 
 TOP_LEVEL_MODULES = 8  # configuration, recipes, the CLI and the like; a concept of several files is a package

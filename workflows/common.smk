@@ -188,9 +188,9 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-# claims.ledger (a results ledger root, minite.rl.ledger): an (arm, seed) the ledger already holds at the
+# claims.ledger (a results ledger root, minite.rl.results_ledger): an (arm, seed) the ledger already holds at the
 # arm's current hash is not run again (the claims job pools its record), so seeds accumulate sitting by
-# sitting; the hash comes from the run spec while planning (minite.rl.ledger.spec_hash)
+# sitting; the hash comes from the run spec while planning (minite.rl.results_ledger.spec_hash)
 LEDGER = (config.get("claims") or {}).get("ledger")
 
 
@@ -199,14 +199,14 @@ def seeds(run):
     every = P.run_seeds(config, run)
     if not LEDGER:
         return every
-    from minite.rl.ledger import holds
+    from minite.rl.results_ledger import holds
 
     return [s for s in every if not holds(LEDGER, PROFILE, run, s, run_hash(run))]
 
 
 @lru_cache(maxsize=None)
 def run_hash(run):
-    from minite.rl.ledger import spec_hash
+    from minite.rl.results_ledger import spec_hash
 
     return spec_hash(spec(run))
 

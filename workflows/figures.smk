@@ -30,7 +30,7 @@ CLAIMS_COMMAND = f"snakemake --cores 2 --config profile={PROFILE}" + (
 )
 if CLAIMS.get("record"):
     _claims_out.update(record_md=f"{CLAIMS['record']}.md", record_json=f"{CLAIMS['record']}.json")
-# claims.ledger (a results ledger root, minite.rl.ledger): the verdicts also pool every record there whose
+# claims.ledger (a results ledger root, minite.rl.results_ledger): the verdicts also pool every record there whose
 # hash is the arm's current one (from this profile's resolved runs), seeds run in earlier sittings or on
 # other machines
 CLAIMS_LEDGER = CLAIMS.get("ledger")

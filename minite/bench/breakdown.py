@@ -146,7 +146,7 @@ class Timeline:
 
 def _instrument(tl: Timeline, trainer, device: torch.device) -> None:
     import minite.engines.trainer as trainer_mod
-    import minite.nn.attention as attention_mod
+    import minite.nn.aligned_attention as attention_mod
     import minite.nn.functional as functional_mod
     import minite.nn.linear as linear_mod
     from minite.nn.swap import decoder_layers

@@ -158,7 +158,7 @@ def measure_recipe(
         "build_s": build_s,
         "memory": mem,
     }
-    from minite.nn.moe import GroupedExperts, QuantExperts
+    from minite.nn.moe_layers import GroupedExperts, QuantExperts
 
     errors = {m.inference_error for m in trainer.model.modules() if isinstance(m, QuantExperts)} - {None}
     if errors:

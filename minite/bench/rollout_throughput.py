@@ -11,7 +11,7 @@ The engine (`--engine builtin`, the default): the built-in sampler's model
 (`minite.engines.sampler.BuiltinSampler`: transformers' Qwen3-MoE in bf16 with the recipe's *sampler*
 numerics swapped in), built directly on the device, its NVFP4 weights put in place by the recipe's weight
 path (`export_weights` -> `load_weights`: a re-exported checkpoint for te_nvfp4, the trainer-exact bytes
-for minite). The decode loop is the built-in sampler's own device loop (`minite.engines.decode.Decoder`):
+for minite). The decode loop is the built-in sampler's own device loop (`minite.engines.decode_loop.Decoder`):
 every tensor on the device, a preallocated KV cache, a 4-D attention mask, and, on CUDA, the decode step
 captured once per batch size as a CUDA graph and replayed (transformers' forward launches hundreds of
 small kernels per layer; replaying removes the host from the loop). Sampling
@@ -56,7 +56,7 @@ from minite.bench.model import (
 )
 from minite.bench.throughput import Clock, bench_device, device_info, environment
 from minite.configuration import ConfigError
-from minite.engines.decode import Decoder
+from minite.engines.decode_loop import Decoder
 from minite.recipes import NumericsSpec, Recipe
 
 ENGINES = ("builtin", "vllm")
@@ -232,7 +232,7 @@ def measure_recipe(
         )
         del dec
         release()
-    from minite.nn.moe import GroupedExperts, QuantExperts
+    from minite.nn.moe_layers import GroupedExperts, QuantExperts
 
     impls = {str(m.last_impl) for m in model.modules() if isinstance(m, GroupedExperts)}
     errors = {m.inference_error for m in model.modules() if isinstance(m, QuantExperts)} - {None}

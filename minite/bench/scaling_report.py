@@ -75,7 +75,7 @@ def _recipes_markdown(report: dict[str, Any]) -> list[str]:
         "",
         f"Median and best of {spec['iters']} timed updates after {spec['warmup']} warm-up; × bf16 from "
         "the same run at the same N; peak GiB: torch's max allocated, per rank; plan: `minite plan`'s "
-        f"learner memory per GPU (minite/distributed/plan.py) for this setting (micro-batch "
+        f"learner memory per GPU (minite/distributed/memory_plan.py) for this setting (micro-batch "
         f"{spec['micro_batch']} × {spec['prompt_len'] + spec['completion_len']} tokens, activation "
         f"checkpointing {'on' if spec.get('activation_checkpointing') else 'off'}); compute / "
         "communication: busy seconds of one profiled update (max over ranks; exposed = communication "

@@ -66,7 +66,8 @@ def arms_table(result: dict[str, Any]) -> str:
 
 
 def provenance_table(result: dict[str, Any]) -> str:
-    """How many seeds of each arm came from which commit and machine (results ledger, minite.rl.ledger)."""
+    """How many seeds of each arm came from which commit and machine
+    (minite.rl.results_ledger)."""
     rows = result.get("provenance") or []
     if not rows:
         return ""
@@ -86,7 +87,7 @@ def provenance_table(result: dict[str, Any]) -> str:
 def gap_length_tables(result: dict[str, Any]) -> str:
     """Mean |Δlogp| per bin of token position and of completion length, per arm (share of tokens in
     parentheses); bins no arm has a token in are left out."""
-    from minite.figures.claims import bin_label
+    from minite.figures.claims_plots import bin_label
 
     gl = result.get("gap_by_length") or {}
     parts = []

@@ -12,7 +12,7 @@ Per-seed numbers (`seed_metrics`), from an arm's RL folder and its lm-eval JSON:
   nonfinite     steps skipped or stopped for non-finite values (events.jsonl, metrics.jsonl)
   gap_bins      the gap by response position and completion length over the steps (`gap_bins`)
 
-The same numbers come from a results-ledger record (minite.rl.ledger: `seed_metrics_from_record`,
+The same numbers come from a results-ledger record (minite.rl.results_ledger: `seed_metrics_from_record`,
 `ledger_seeds`), which keeps what these files hold, so seeds run on other days and machines pool.
 
 Quality of two arms that ran different horizons (an arm with a shorter `run_overrides` horizon) is
@@ -104,9 +104,9 @@ def seed_metrics(
 def seed_metrics_from_record(
     record: dict[str, Any], task: str | None = None, window: int | None = None
 ) -> dict[str, Any]:
-    """`seed_metrics` of a results-ledger record (minite.rl.ledger): the same numbers the run folder
+    """`seed_metrics` of a results-ledger record (minite.rl.results_ledger): the same numbers the run folder
     gives, with the record's provenance (commit, machine) beside them."""
-    from minite.rl.ledger import rows_of
+    from minite.rl.results_ledger import rows_of
 
     cfg = {**record["config"], "seed": record["seed"]}
     row = _seed_row(
@@ -254,8 +254,8 @@ def ledger_seeds(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-seed rows, provenance, the records) of every results-ledger record of `profile` for `arms`
     whose hash is the arm's current one (from the resolved run results/<profile>/runs/<arm>); a record
-    with another hash, or CPU and GPU records in one profile, are refused (minite.rl.ledger.pool)."""
-    from minite.rl import ledger as L
+    with another hash, or CPU and GPU records in one profile, are refused (minite.rl.results_ledger.pool)."""
+    from minite.rl import results_ledger as L
 
     # arms this profile resolves now (an arm it does not run has no current hash to match)
     held = [

@@ -184,10 +184,16 @@ def compare(parts: dict[int, dict[str, Any]], logps: dict[int, dict[str, Any]]) 
 
 
 def plan_predictions(spec, procs: list[int], gpu_gib: float | None = None) -> dict[str, Any]:
-    """`minite plan`'s learner memory per GPU (minite.distributed.plan.predict_learner) for each
+    """`minite plan`'s learner memory per GPU (minite.distributed.memory_plan.predict_learner) for each
     (config, recipe, N) of the run: the same model config, micro-batch, sequence and completion lengths
     and activation checkpointing. Keyed "config/recipe/N"; a config the plan cannot model holds its error."""
-    from minite.distributed.plan import H200_GIB, PlanSettings, build_meta_model, layer_split, predict_learner
+    from minite.distributed.memory_plan import (
+        H200_GIB,
+        PlanSettings,
+        build_meta_model,
+        layer_split,
+        predict_learner,
+    )
     from minite.distributed.scaling import model_config, recipe_of
 
     out: dict[str, Any] = {}

@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
         from minite.claims import evaluate, load_seeds
         from minite.claims.markdown import claims_markdown, record
-        from minite.figures.claims import fig_curves, fig_dose, fig_final, fig_gap_length
+        from minite.figures.claims_plots import fig_curves, fig_dose, fig_final, fig_gap_length
         from minite.figures.style import apply_style
         from minite.tracking import git_commit
 

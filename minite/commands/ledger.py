@@ -1,4 +1,4 @@
-r"""`minite ledger`: the results ledger (minite.rl.ledger), where finished RL runs accumulate as records.
+r"""`minite ledger`: the results ledger (minite.rl.results_ledger), where finished RL runs accumulate.
 
     minite ledger add results/claims/rl/*/seed* --into results/ledger
         file each run's record as results/ledger/<profile>/<arm>/seed<S>.json (the run's final lm-eval
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        from minite.rl import ledger as L
+        from minite.rl import results_ledger as L
 
         if args.action == "add":
             kw = {k: v for k, v in (("profile", args.profile), ("arm", args.arm)) if v}

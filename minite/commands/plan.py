@@ -2,7 +2,7 @@
 
 Builds Qwen3-30B-A3B on the meta device (no memory), applies each recipe's trainer and sampler numerics
 with the module swap the engines use, and prints the parameter count, the NVFP4/BF16 split per recipe
-and engine, and the FSDP2 learner's memory per GPU (minite/distributed/plan.py states every
+and engine, and the FSDP2 learner's memory per GPU (minite/distributed/memory_plan.py states every
 assumption). Exit code 1 when a count disagrees with its closed form, or with --require-fit when the
 plan does not fit.
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        from minite.distributed.plan import plan_profile, render, settings_from_profile
+        from minite.distributed.memory_plan import plan_profile, render, settings_from_profile
         from minite.profiles import load_profile
 
         profile = load_profile(args.profile)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from minite.nn.linear import QuantLinear
-from minite.nn.moe import QuantExperts
+from minite.nn.moe_layers import QuantExperts
 from minite.numerics import NVFP4Tensor, dequantize, unpack_fp4
 
 

@@ -126,7 +126,7 @@ def model_config(name: str, layers: int | None = None):
     layers = layers or DEFAULT_LAYERS.get(name)
     over = {"num_hidden_layers": int(layers)} if layers else {}
     if name == "qwen3-30b-a3b":
-        from minite.distributed.plan import qwen3_30b_a3b_config
+        from minite.distributed.memory_plan import qwen3_30b_a3b_config
 
         cfg = qwen3_30b_a3b_config(**over)
     elif name == "toy":

@@ -6,7 +6,7 @@ through `WeightUpdate`, and incremental decoding (one token per step against a K
 trainer runs whole sequences.
 
 Device: the model lives on `device` (default: where it is built). On CPU generation is transformers'
-forward with a `DynamicCache`, one call per token; on CUDA it is `minite.engines.decode.Decoder`: a
+forward with a `DynamicCache`, one call per token; on CUDA it is `minite.engines.decode_loop.Decoder`: a
 preallocated KV cache and the decode step replayed as a CUDA graph (one decoder per batch size, its
 graph captured again after a weight update that replaced tensors). `decode_loop="static"` runs the
 latter on any device (eager off CUDA), which is how tests check it on CPU. Sampling is seeded either way (a
@@ -21,7 +21,7 @@ evals) reports the untempered log_softmax(z) (minite.engines.base). `score` (tea
 temperature too, 1 by default.
 
 Routing record (`record_routing`, for routing replay): every MoE router appends the experts it chose at
-each model call of `generate` (minite.nn.moe.AlignedRouter.capture): the prefill routes every prompt
+each model call of `generate` (minite.nn.moe_layers.AlignedRouter.capture): the prefill routes every prompt
 token, decode step s the token sampled at step s - 1. Each completion carries them as `routing`
 (minite.engines.base.Completion), the prompt's real tokens first (left padding dropped). The device
 loop runs eagerly while recording (a replayed CUDA graph would not run the routers' Python).
@@ -35,7 +35,7 @@ import torch
 from transformers import DynamicCache, PretrainedConfig, Qwen3MoeForCausalLM
 
 from minite.engines.base import Completion, SamplingParams, WeightUpdate, temper
-from minite.engines.decode import Decoder
+from minite.engines.decode_loop import Decoder
 from minite.engines.weight_sync import load_weights
 from minite.nn.swap import apply_numerics, routers
 from minite.recipes import Recipe
@@ -88,7 +88,8 @@ class BuiltinSampler:
             raise ValueError(
                 f"BuiltinSampler: decode_loop must be auto, dynamic or static, got {decode_loop!r}"
             )
-        # "static": minite.engines.decode (auto: on CUDA); "dynamic": transformers + DynamicCache (auto: CPU)
+        # "static": minite.engines.decode_loop (auto: CUDA); "dynamic": transformers'
+        # DynamicCache (auto: CPU)
         self.static = decode_loop == "static" or (decode_loop == "auto" and self.device.type == "cuda")
         self.cuda_graphs = cuda_graphs
         self.max_len = int(max_len)  # KV slots of a device decoder (grown when a call needs more)
@@ -153,7 +154,7 @@ class BuiltinSampler:
     @contextlib.contextmanager
     def _capturing(self):
         """With `record_routing`: yields one list per MoE layer that collects its router's choices at
-        every model call (minite.nn.moe.AlignedRouter.capture); else yields None."""
+        every model call (minite.nn.moe_layers.AlignedRouter.capture); else yields None."""
         if not self.record_routing:
             yield None
             return
@@ -299,7 +300,7 @@ class BuiltinSampler:
         lengths_from: list[int] | None,
         temperature: float = 1.0,
     ):
-        """`_decode` on the model's device (CUDA): minite.engines.decode.Decoder. Returns CPU tensors."""
+        """`_decode` on the model's device (CUDA): minite.engines.decode_loop.Decoder. Returns CPU tensors."""
         ids, mask = left_pad(rows, self.pad)
         dec = self._decoder(ids.shape[0], ids.shape[1] + max_new - 1)
         tokens, logps, lengths = dec.decode(

@@ -72,7 +72,7 @@ class TokenBatch:
 
     routing (B, L, n_moe_layers, k) int16 or None: the experts the sampler routed each token of
     input_ids to (routing replay; `Completion.routing`), -1 where it routed none (the last sampled
-    token, padding); the trainer's forward replays it when present (minite.nn.moe).
+    token, padding); the trainer's forward replays it when present (minite.nn.moe_layers).
     """
 
     input_ids: torch.Tensor
@@ -148,7 +148,7 @@ def _routing_of(completions: list[Completion], seqs: list[list[int]], width: int
 @contextlib.contextmanager
 def _routing_replay(model: nn.Module, routing: torch.Tensor | None):
     """For one forward of `model` on (B, L) tokens: each MoE router routes token (b, l) to the experts
-    routing[b, l, layer] (minite.nn.moe.AlignedRouter.replay). No-op when `routing` is None."""
+    routing[b, l, layer] (minite.nn.moe_layers.AlignedRouter.replay). No-op when `routing` is None."""
     if routing is None:
         yield
         return

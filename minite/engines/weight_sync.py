@@ -19,7 +19,7 @@ from torch import nn
 
 from minite.engines.base import WeightUpdate
 from minite.nn.linear import QuantLinear
-from minite.nn.moe import QuantExperts
+from minite.nn.moe_layers import QuantExperts
 from minite.nn.swap import decoder_layers
 from minite.numerics import NVFP4Tensor, QuantSpec, quantize
 from minite.recipes import NumericsSpec, Recipe

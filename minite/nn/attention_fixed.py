@@ -1,5 +1,6 @@
 """`attention = "fixed"`: one attention algorithm for every phase of both engines, so a query's output
-depends only on that query and its keys (NumericsSpec.attention; minite.nn.attention.AlignedAttention).
+depends only on that query and its keys (NumericsSpec.attention;
+minite.nn.aligned_attention.AlignedAttention).
 
 On CUDA it is fp32 tiled attention with an online softmax in one fixed order of key blocks and chunks
 (minite.kernels.attention, whose docstring gives the algorithm and why the bits cannot follow the batch,

@@ -1,4 +1,4 @@
-"""The float64 attention core: attention="fixed" on CPU (minite.nn.attention's docstring says why its
+"""The float64 attention core: attention="fixed" on CPU (minite.nn.aligned_attention's docstring says why its
 result does not depend on how the work is split; minite.nn.attention_fixed why CPU keeps it)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Parameters are shared, not copied, so a real Qwen3-30B-A3B checkpoint loads into
 before or after the swap, and the optimizer sees the same tensors. Everything is per model instance
 (modules replaced in this model), never a patch of transformers itself: other models in the process are
 untouched. `rope`/`attention` other than "native" replace each layer's attention by
-minite.nn.attention `AlignedAttention` (same submodules, same names). Under `gemm: fused` the experts
+minite.nn.aligned_attention `AlignedAttention` (same submodules, same names). Under `gemm: fused` the experts
 left unquantized become `GroupedExperts` (same parameters: transformers' grouped_mm on CUDA, its eager
 loop on CPU).
 """
@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from minite.kernels.moe import GROUPED_CACHE_ATTR
-from minite.nn.attention import AlignedAttention, RopeTable, UnusedRotaryEmbedding
+from minite.nn.aligned_attention import AlignedAttention, RopeTable, UnusedRotaryEmbedding
 from minite.nn.functional import LinearNumerics, SeedSource
 from minite.nn.linear import InvariantLinear, QuantLinear
-from minite.nn.moe import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
+from minite.nn.moe_layers import AlignedRouter, FP32RMSNorm, GroupedExperts, QuantExperts
 from minite.recipes import NumericsSpec
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -9,7 +9,7 @@ from minite.numerics.formats import (
     pack_fp4,
     unpack_fp4,
 )
-from minite.numerics.gemm import nvfp4_matmul_ref
+from minite.numerics.gemm_ref import nvfp4_matmul_ref
 from minite.numerics.nvfp4 import (
     NonFiniteError,
     NVFP4Tensor,

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from minite.numerics.gemm import nvfp4_matmul_ref
+from minite.numerics.gemm_ref import nvfp4_matmul_ref
 from minite.numerics.nvfp4 import NVFP4Tensor, QuantSpec
 from minite.numerics.nvfp4 import quantize as quantize_ref
 

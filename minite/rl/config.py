@@ -165,7 +165,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     # routing replay (R3): the sampler records every token's experts per MoE layer and the trainer's
     # forward routes each token to them, gate weights from its own router over that set
-    # (minite.nn.moe). Built-in sampler engine only; the model must have MoE layers
+    # (minite.nn.moe_layers). Built-in sampler engine only; the model must have MoE layers
     # (minite.rl.checks)
     routing_replay: bool = False
 

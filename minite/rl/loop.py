@@ -44,7 +44,7 @@ completions (`reward/acc`, `reward/no_answer`, `reward/errors`), dynamic samplin
 (`rollout/`), and periodically the greedy eval accuracy (`eval/accuracy`). The process's peak memory
 after each step (resident set; on a GPU also the device's peak allocation) goes to
 `<out_dir>/memory.json`, apart from the metrics, which must be reproducible. A finished run also
-writes `<out_dir>/ledger.json`, its compact record for the results ledger (minite.rl.ledger).
+writes `<out_dir>/ledger.json`, its compact record for the results ledger (minite.rl.results_ledger).
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ from minite.rl.checks import SHARDED_CHECKPOINT, check_inputs
 from minite.rl.config import TrainConfig
 from minite.rl.data import Example, read_examples
 from minite.rl.grpo import group_advantages, zero_variance_groups
-from minite.rl.ledger import write_ledger_record
 from minite.rl.records import (  # noqa: F401  (summarize_metrics: this module's API too)
     _append_jsonl,
     _truncate_metrics,
@@ -78,6 +77,7 @@ from minite.rl.records import (  # noqa: F401  (summarize_metrics: this module's
     step_record,
     summarize_metrics,
 )
+from minite.rl.results_ledger import write_ledger_record
 from minite.rl.rollout import (  # noqa: F401  (make_sampler, evaluate_accuracy: this module's API too)
     Rollout,
     evaluate_accuracy,
@@ -460,7 +460,7 @@ def train(
             device=str(device),
         )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    write_ledger_record(out)  # the compact record the claims pool seeds from (minite.rl.ledger)
+    write_ledger_record(out)  # the compact record the claims pool seeds from (minite.rl.results_ledger)
     return summary
 
 

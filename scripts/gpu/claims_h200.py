@@ -18,7 +18,7 @@ runs' deadline; every run gets `minite train --time-limit` = the time left to th
 instead of overrunning, and a process still alive at the deadline + `--grace-s` is killed.
 
 Which runs are packed: a run is finished when its summary says all `rl.steps` steps were done (not
-`stopped_early`); only those are filed into the ledger (minite.rl.ledger.add: validated records under
+`stopped_early`); only those are filed into the ledger (minite.rl.results_ledger.add: validated records under
 ledger/<name>/<arm>/seed<S>.json). A run stopped by its time limit measured fewer steps than the arm's
 hash says, so it is reported (claims_h200.json: runs[].status) and not packed.
 
@@ -304,7 +304,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from minite.commands.common import parse_set
     from minite.profiles import load_profile, run_names
-    from minite.rl import ledger as L
+    from minite.rl import results_ledger as L
 
     overrides = parse_set(args.set)
     cfg = load_profile(args.profile, overrides)  # validated before anything runs

@@ -158,7 +158,7 @@ def dense(gen: torch.Generator, regs: bool = False) -> None:
 
 def norm() -> None:
     """fp32 RMSNorm and RoPE at decode shapes: the torch references against the one-kernel twins."""
-    from minite.nn.norm import rms_norm_fp32, rms_norm_fp32_ref
+    from minite.nn.rms_norm import rms_norm_fp32, rms_norm_fp32_ref
 
     print("\n## fp32 RMSNorm (minite fp32_norm), us a call: torch reference vs one kernel")
     print("| rows x width | torch reference | kernel | max rel diff |")
@@ -171,7 +171,7 @@ def norm() -> None:
         diff = float((a - b).abs().max() / b.abs().max())
         print(f"| {rows} x {d} | {ref:.1f} | {ker:.1f} | {diff:.1e} |")
 
-    from minite.nn.attention import RopeTable, apply_rope_fp32, apply_rope_fp32_ref
+    from minite.nn.aligned_attention import RopeTable, apply_rope_fp32, apply_rope_fp32_ref
 
     print("\n## fp32 RoPE (minite rope=fp32), us a call: torch reference vs one kernel (same bits)")
     print("| tokens x heads | torch reference | kernel | bits equal |")

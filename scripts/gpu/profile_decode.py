@@ -1,6 +1,7 @@
 """Where a decode step's time goes: kernels per step and their device time, per recipe and batch size.
 
-The built-in sampler's decode step (minite.engines.decode.Decoder) on Qwen3-30B-A3B layer shapes, replayed
+The built-in sampler's decode step (minite.engines.decode_loop.Decoder) on Qwen3-30B-A3B layer shapes,
+replayed
 as a CUDA graph under torch.profiler; prints, per (recipe, batch), the graph step time, the kernel count
 per step and the kernels with the most device time per step. Reproduce on one GPU:
 
@@ -20,7 +21,7 @@ import torch
 def profile(recipe_name: str, layers: int, batches: list[int], steps: int, top: int, ops: int = 0) -> None:
     from minite.bench.model import QWEN3_30B_A3B, release
     from minite.bench.rollout_throughput import build_sampler
-    from minite.engines.decode import Decoder
+    from minite.engines.decode_loop import Decoder
     from minite.recipes import get_recipe
 
     device = torch.device("cuda")

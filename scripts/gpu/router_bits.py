@@ -1,8 +1,9 @@
-"""Is the fp32 router batch-invariant on this GPU? The minite recipe's router (minite.nn.moe.AlignedRouter,
+"""Is the fp32 router batch-invariant on this GPU? The minite recipe's router
+(minite.nn.moe_layers.AlignedRouter,
 fp32 logits, stable top-k) on Qwen3-30B-A3B shapes (hidden 2048, 128 experts, top-8): the first rows'
 logits, routing weights and expert ids when they are computed alone (M = 1 / 16 / 64 / 256, as the
 sampler's decode steps do) against the same rows inside one 8192-row call (as the trainer's forward does).
-Then the logits' time (CUDA graph medians): minite.nn.router.router_logits_fp32 (the batch-invariant
+Then the logits' time (CUDA graph medians): minite.nn.moe_routing.router_logits_fp32 (the batch-invariant
 kernel on CUDA) against its torch reference (fp32 copies + cuBLAS float32 GEMM).
 
     python3 scripts/gpu/router_bits.py
@@ -14,8 +15,8 @@ import torch
 from torch import nn
 
 from minite.bench.timing import bench_graph
-from minite.nn.moe import AlignedRouter
-from minite.nn.router import router_logits_fp32, router_logits_fp32_ref
+from minite.nn.moe_layers import AlignedRouter
+from minite.nn.moe_routing import router_logits_fp32, router_logits_fp32_ref
 
 
 class _Gate(nn.Module):  # the attributes AlignedRouter takes over from transformers' router

@@ -1,6 +1,6 @@
 """Routing replay (R3): the built-in sampler records each token's experts per MoE layer
 (`Completion.routing`), `TokenBatch` carries them aligned with input_ids, and the trainer's forward
-routes every token to them with gate weights from its own router over that set (minite.nn.moe).
+routes every token to them with gate weights from its own router over that set (minite.nn.moe_layers).
 
 The trainer's experts are captured by its routers' own record (`AlignedRouter.record`), not by the
 replay code, so the equality test fails when the replay is dropped (te_nvfp4's sampler routes tokens
@@ -217,7 +217,7 @@ def test_recording_needs_moe_routers():
 
 
 def test_the_device_decode_loop_records_the_same_routing():
-    """minite.engines.decode's loop (eager off CUDA; graphs are off while recording) records what the
+    """minite.engines.decode_loop's loop (eager off CUDA; graphs are off while recording) records what the
     CPU loop records: the same prefill and decode calls, the same rows."""
     trainer, dynamic = _engines("bf16")
     static = BuiltinSampler(

@@ -231,7 +231,7 @@ def test_rope_and_attention_match_reference(engine, reference):
     q/k/v projections and norms, RoPE, the core reading K/V back from vLLM's paged cache, for a prompt prefill
     and for decoded tokens (one query against the cache) alike."""
     from minite.engines.vllm.engine import _Fp32Rope
-    from minite.nn.attention import AlignedAttention
+    from minite.nn.aligned_attention import AlignedAttention
 
     spec, m = engine.recipe.sampler, engine.model
     if (spec.rope, spec.attention) == ("native", "native"):

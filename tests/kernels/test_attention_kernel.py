@@ -217,7 +217,7 @@ def test_decoder_window_and_trainer_masks_reach_the_kernels(monkeypatch):
     """The Decoder's left-padded prefill and decode steps, and the trainer's right-padded log-probs and
     gradients, with the interpreted kernels: within fp32-vs-float64 rounding of the float64 core (a wrong
     window would move the logits by whole units)."""
-    from minite.engines.decode import Decoder
+    from minite.engines.decode_loop import Decoder
     from minite.engines.trainer import TokenBatch, sequence_logprobs
 
     cfg, model = _tiny("fixed")
@@ -260,10 +260,11 @@ def test_decoder_window_and_trainer_masks_reach_the_kernels(monkeypatch):
 
 @pytest.mark.parametrize("budget", [None, 1], ids=["batched", "one_request_per_batch"])
 def test_vllm_paged_path_on_the_kernels_equals_unpaged_sequences(budget, kernels_on_cpu, monkeypatch, device):
-    """minite.engines.vllm.attention's functions on a fake paged cache: two requests, shuffled block tables,
+    """minite.engines.vllm.paged_fixed_attention's functions on a fake paged cache: two requests, shuffled
+    block tables,
     chunked prefill then decode, unwritten slots NaN; every token equals the kernels on its whole
     sequence."""
-    from minite.engines.vllm import attention as vattn
+    from minite.engines.vllm import paged_fixed_attention as vattn
 
     if budget is not None:
         monkeypatch.setattr(vattn, "GATHER_BUDGET", budget)

@@ -17,7 +17,7 @@ from minite.kernels.moe import _stacked_weight, quant_experts_forward, vllm_expe
 from minite.kernels.quantize import nvfp4_quantize_batched, nvfp4_quantize_grouped, nvfp4_quantize_segments_t
 from minite.kernels.routing import combine_in_expert_order, sort_by_expert
 from minite.nn.functional import LinearNumerics, SeedSource
-from minite.nn.moe import QuantExperts
+from minite.nn.moe_layers import QuantExperts
 from minite.numerics import NVFP4Tensor, QuantSpec, dequantize, nvfp4_matmul_ref, quantize
 
 from ..numerics.numerics_ref import blocky, gen

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minite.kernels.norm import rms_norm_fp32
-from minite.nn.norm import _RMSNormFP32, rms_norm_fp32_ref
+from minite.nn.rms_norm import _RMSNormFP32, rms_norm_fp32_ref
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 

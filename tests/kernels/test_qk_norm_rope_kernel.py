@@ -13,7 +13,7 @@ import torch
 from minite.kernels.norm import rms_norm_fp32
 from minite.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_supported
 from minite.kernels.rope import rope_fp32
-from minite.nn.attention import RopeTable
+from minite.nn.aligned_attention import RopeTable
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 
@@ -143,10 +143,10 @@ def test_bad_inputs_name_the_problem(device):
 def test_aligned_attention_fused_path_equals_op_by_op(seq, device, monkeypatch):
     """AlignedAttention with the kernels switched on (under the interpreter too): the one-launch inputs
     give the op-by-op path's q and the same cache bytes, through the sampler's StaticKVCache."""
-    from minite.engines.decode import StaticKVCache
+    from minite.engines.decode_loop import StaticKVCache
     from minite.models.tiny import build_tiny_config, build_tiny_model
-    from minite.nn.attention import AlignedAttention
-    from minite.nn.moe import FP32RMSNorm
+    from minite.nn.aligned_attention import AlignedAttention
+    from minite.nn.moe_layers import FP32RMSNorm
     from minite.numerics import dispatch
 
     monkeypatch.setattr(dispatch, "use_kernels", lambda *ts: True)

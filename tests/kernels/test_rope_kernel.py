@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minite.kernels.rope import rope_fp32, rope_supported
-from minite.nn.attention import RopeTable, apply_rope_fp32_ref
+from minite.nn.aligned_attention import RopeTable, apply_rope_fp32_ref
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 

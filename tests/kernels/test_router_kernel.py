@@ -12,7 +12,7 @@ import torch
 
 import minite.kernels._launch as klaunch
 from minite.kernels.router import BLOCK_K, SPREAD_ROWS, route_topk, router_logits_fp32
-from minite.nn.router import _RouterLogitsFP32, _RouteTopK, route_topk_ref, router_logits_fp32_ref
+from minite.nn.moe_routing import _RouterLogitsFP32, _RouteTopK, route_topk_ref, router_logits_fp32_ref
 
 pytestmark = pytest.mark.usefixtures("poison")  # conftest: unwritten outputs show
 

@@ -20,7 +20,7 @@ from minite.kernels.routing import (
     sort_by_expert,
 )
 from minite.nn.functional import SeedSource
-from minite.nn.moe import QuantExperts, grouped_inference_forward
+from minite.nn.moe_layers import QuantExperts, grouped_inference_forward
 
 from ..numerics.numerics_ref import gen
 from .kernel_ref import silu_glu_emulated
@@ -131,7 +131,7 @@ def test_sampler_forward_with_the_fused_silu_equals_the_trainer_forward_on_cpu(d
     """The fused path's plumbing under the interpreter (on CUDA the test above runs it against torch's
     silu): forced on, against the trainer forward with a silu of the interpreter's arithmetic (the product
     by 1 is exact, and `silu * up` in torch then rounds as the kernel does)."""
-    import minite.nn.moe as moe
+    import minite.nn.moe_layers as moe
 
     if device == "cuda":
         pytest.skip("on CUDA the fused path is compared with torch's own silu above")

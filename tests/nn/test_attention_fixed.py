@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minite.nn.attention import keep_from_hf_mask
+from minite.nn.aligned_attention import keep_from_hf_mask
 from minite.nn.attention_fixed import fixed_attention, fixed_attention_twin, window_from_mask, window_keep
 from minite.nn.attention_fp64 import attention_fp64
 

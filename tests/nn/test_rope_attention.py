@@ -1,4 +1,4 @@
-"""RoPE and attention-core numerics (minite.nn.attention; NumericsSpec.rope / .attention).
+"""RoPE and attention-core numerics (minite.nn.aligned_attention; NumericsSpec.rope / .attention).
 
 - rope="fp32" is vLLM's CPU rotary arithmetic: the same bf16 cos/sin table and the same fp32 rotate
   with one rounding, checked bit for bit against `torch.ops._C.rotary_embedding` (vLLM tests).
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minite.nn.attention import (
+from minite.nn.aligned_attention import (
     AlignedAttention,
     RopeTable,
     apply_rope_fp32,
@@ -225,7 +225,7 @@ def test_vllm_paged_path_chunked_prefill_and_decode_equal_full_sequence(budget, 
     requests, shuffled
     block tables, chunked prefill then decode, requests padded into one batch or one at a time;
     unwritten slots hold NaN and must never be read."""
-    from minite.engines.vllm import attention as vattn
+    from minite.engines.vllm import paged_fixed_attention as vattn
 
     if budget is not None:
         monkeypatch.setattr(vattn, "FP64_LOGITS_BUDGET", budget)

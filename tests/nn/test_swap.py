@@ -113,7 +113,7 @@ def test_bf16_linears_invariant_wraps_only_the_linears_left_in_bf16(tiny_model):
 def test_fp32_rope_skips_transformers_rotary_and_keeps_the_logits(tiny_model):
     """rope='fp32': the model no longer computes transformers' cos/sin (no layer reads them); putting the
     original rotary module back gives the same logits, bit for bit."""
-    from minite.nn.attention import UnusedRotaryEmbedding
+    from minite.nn.aligned_attention import UnusedRotaryEmbedding
 
     apply_numerics(tiny_model, MINITE.trainer)
     inner = tiny_model.model

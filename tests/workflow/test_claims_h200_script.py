@@ -88,7 +88,7 @@ def test_snakemake_plans_the_profile(cfg, workdir):
 
 @pytest.mark.slow
 def test_the_script_at_its_cpu_miniature_packs_records_that_pool(cfg, tmp_path):
-    from minite.rl.ledger import validate_record
+    from minite.rl.results_ledger import validate_record
 
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "MINI": "1", "OUT": str(out), "WORK": str(work), "PYTHON": sys.executable}

@@ -65,7 +65,7 @@ def test_a_seed_the_ledger_holds_is_not_run_again(workdir):
     import json
 
     from minite.profiles import resolve_run
-    from minite.rl import ledger as L
+    from minite.rl import results_ledger as L
 
     cfg = load_profile("claims")
     record = {k: None for k in L.REQUIRED}

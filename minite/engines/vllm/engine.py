@@ -34,18 +34,18 @@ Choices, and why:
   that touches one member of a fused layer (q/k/v, one MoE layer's experts) must carry all of them;
   `update_weights` checks that (and every name) before anything is loaded. On CPU, vLLM 0.32's own
   bf16 MoE layers need a workaround to re-prepack their expert weights (`_cpu_moe_reload`).
-- `fp32_norm`: the model's RMSNorm modules are switched to the trainer's fp32 norm (minite.nn.norm
+- `fp32_norm`: the model's RMSNorm modules are switched to the trainer's fp32 norm (minite.nn.rms_norm
   `rms_norm_fp32`) in place, in-process (`_fp32_rms_norm`); the quantization plugin cannot reach norms.
-- `rope="fp32"`: each attention module's `rotary_emb` is replaced by `_Fp32Rope` (minite.nn.attention's
-  table and arithmetic, the code the trainer runs). vLLM's own CPU rotary op computes the same float32
-  values; it rounds them to bf16 to nearest even on AVX-512 CPUs but toward zero on AVX2 ones
-  (tests/nn/test_rope_attention.py). The swap makes the trainer's rounding hold on every platform. The module
-  is replaced on this model's attention layers only: vLLM caches rotary modules process-wide
-  (`get_rope`), so the shared instance itself is never modified.
+- `rope="fp32"`: each attention module's `rotary_emb` is replaced by `_Fp32Rope`
+  (minite.nn.aligned_attention's table and arithmetic, the code the trainer runs). vLLM's own CPU
+  rotary op computes the same float32 values; it rounds them to bf16 to nearest even on AVX-512 CPUs but
+  toward zero on AVX2 ones (tests/nn/test_rope_attention.py). The swap makes the trainer's rounding hold
+  on every platform. The module is replaced on this model's attention layers only: vLLM caches rotary
+  modules process-wide (`get_rope`), so the shared instance itself is never modified.
 - `attention="fixed"`: each attention layer's backend implementation gets instance-level `forward` /
   `do_kv_cache_update` that compute minite's fixed attention core against the paged cache, the core the
-  trainer runs on whole sequences: minite.engines.vllm.attention (the Triton kernels on CUDA, the float64
-  core on CPU).
+  trainer runs on whole sequences: minite.engines.vllm.paged_fixed_attention (the Triton kernels on
+  CUDA, the float64 core on CPU).
 - Under torchrun (`minite train-dist`) the engine joins the learner's process group through vLLM's
   `distributed_executor_backend="external_launcher"` (every rank builds an engine; ranks r·tp..r·tp+tp-1
   form one tensor-parallel engine; the engines are independent replicas otherwise).
@@ -82,9 +82,9 @@ import torch
 from minite.configuration import ConfigError
 from minite.engines.base import Completion, SamplingParams, WeightUpdate
 from minite.engines.vllm import memory, startup
-from minite.engines.vllm.attention import apply_fixed_attention
 from minite.engines.vllm.layout import PACKED_SUFFIXES, fused_group, module_is_quantized, quantization_config
-from minite.nn.norm import rms_norm_fp32
+from minite.engines.vllm.paged_fixed_attention import apply_fixed_attention
+from minite.nn.rms_norm import rms_norm_fp32
 from minite.recipes import Recipe, get_recipe
 
 LOGPROBS_MODE = "processed_logprobs"  # the sampled distribution (module docstring)
@@ -141,7 +141,7 @@ def _cpu_moe_reload(model: torch.nn.Module, stage: str) -> None:
 
 def _fp32_rms_norm(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None):
     """vLLM RMSNorm call (optionally fused with the residual add) with the trainer's numerics: the
-    residual add in the activation dtype as transformers does it, then minite.nn.norm `rms_norm_fp32`
+    residual add in the activation dtype as transformers does it, then minite.nn.rms_norm `rms_norm_fp32`
     (normalize and multiply by the weight in fp32, one cast at the end). vLLM's own op normalizes the
     unrounded fp32 sum and multiplies by the weight in the activation dtype."""
     if residual is not None:
@@ -166,12 +166,12 @@ def _apply_fp32_norm(model: torch.nn.Module) -> int:
 
 class _Fp32Rope(torch.nn.Module):
     """Replaces a vLLM `RotaryEmbedding` (call `(positions, query, key) -> (query, key)`, flattened
-    heads) with minite.nn.attention's fp32 RoPE from the same table vLLM builds."""
+    heads) with minite.nn.aligned_attention's fp32 RoPE from the same table vLLM builds."""
 
     def __init__(self, rope: torch.nn.Module) -> None:
         from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
-        from minite.nn.attention import RopeTable
+        from minite.nn.aligned_attention import RopeTable
 
         super().__init__()
         if type(rope) is not RotaryEmbedding or not rope.is_neox_style or rope.rotary_dim != rope.head_size:
@@ -187,7 +187,7 @@ class _Fp32Rope(torch.nn.Module):
         return f"head_size={self.head_size}, minite fp32"
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
-        from minite.nn.attention import apply_rope_fp32
+        from minite.nn.aligned_attention import apply_rope_fp32
 
         positions = positions.flatten()
         t = positions.shape[0]

@@ -58,7 +58,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.utils import set_weight_attrs
 
 from minite.nn.linear import linear_invariant
-from minite.nn.router import route_topk, router_logits_fp32
+from minite.nn.moe_routing import route_topk, router_logits_fp32
 from minite.numerics import BLOCK, NVFP4Tensor, dispatch, nvfp4_matmul_ref, quantize
 from minite.numerics.constants import E4M3_DTYPE
 from minite.recipes import NumericsSpec
@@ -263,7 +263,8 @@ class Fp32RouterLinearMethod(UnquantizedLinearMethod):
     """MoE router gate with an fp32 weight and fp32 logits (`NumericsSpec.fp32_router`).
 
     The weight is stored in fp32 whatever the model dtype (the trainer's master may be fp32), and vLLM's
-    CPU repacking of unquantized weights is skipped so the logits are `minite.nn.router.router_logits_fp32`
+    CPU repacking of unquantized weights is skipped so the logits are
+    `minite.nn.moe_routing.router_logits_fp32`
     (the trainer's: a plain fp32 `F.linear` on CPU, the batch-invariant kernel on CUDA)."""
 
     def create_weights(

@@ -1,10 +1,10 @@
-"""The paper profile without GPUs: Qwen3-30B-A3B on the meta device (minite/distributed/plan.py)."""
+"""The paper profile without GPUs: Qwen3-30B-A3B on the meta device (minite/distributed/memory_plan.py)."""
 
 import json
 
 import pytest
 
-from minite.distributed import plan as P
+from minite.distributed import memory_plan as P
 from minite.recipes import BF16, MINITE, TE_NVFP4
 
 

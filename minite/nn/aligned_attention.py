@@ -96,7 +96,7 @@ from torch import nn
 
 from minite.nn.attention_fixed import fixed_attention
 from minite.nn.linear import _hooked, shared_input_projections
-from minite.nn.moe import FP32RMSNorm
+from minite.nn.moe_layers import FP32RMSNorm
 from minite.numerics import dispatch
 from minite.recipes import AttentionCore, RopeArithmetic
 

@@ -10,7 +10,7 @@ The reference itself accumulates in float64 and rounds once to fp32: the product
 significant bits, so for realistic block-scale ranges the float64 sum is exact and the result does not
 depend on summation order at all — in particular a row's output does not depend on the other rows
 of the batch (batch invariance, so a sampler decoding one token at a time reproduces the trainer's
-full-sequence GEMM bit for bit; tests/numerics/test_gemm.py checks a row alone against the same row in
+full-sequence GEMM bit for bit; tests/numerics/test_gemm_ref.py checks a row alone against the same row in
 a batch with torch.equal). fp32-accumulating kernels match it to fp32-summation tolerance.
 """
 

@@ -18,7 +18,7 @@ from minite.claims import run_name
 from minite.claims.intervals import t_interval
 from minite.figures.style import label, palette, save
 
-Source = str | Path | dict[str, Any]  # an RL run folder, or a results-ledger record (minite.rl.ledger)
+Source = str | Path | dict[str, Any]  # an RL run folder, or a record of minite.rl.results_ledger
 
 
 def _arm(src: Source) -> str:
@@ -27,7 +27,7 @@ def _arm(src: Source) -> str:
 
 def _rows(src: Source) -> list[dict[str, Any]]:
     if isinstance(src, dict):
-        from minite.rl.ledger import rows_of
+        from minite.rl.results_ledger import rows_of
 
         return rows_of(src["metrics"])
     path = Path(src) / "metrics.jsonl"

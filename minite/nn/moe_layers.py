@@ -42,8 +42,8 @@ from minite.nn.functional import (
     quant_linear,
 )
 from minite.nn.linear import WeightQuantCache
-from minite.nn.norm import rms_norm_fp32
-from minite.nn.router import route_topk, router_logits_fp32
+from minite.nn.moe_routing import route_topk, router_logits_fp32
+from minite.nn.rms_norm import rms_norm_fp32
 from minite.numerics import NVFP4Tensor, dispatch
 
 
@@ -333,7 +333,7 @@ class AlignedRouter(nn.Module):
 
 class FP32RMSNorm(nn.Module):
     """RMSNorm computed entirely in fp32 (including the weight multiply), cast back at the end
-    (minite.nn.norm.rms_norm_fp32: the one-kernel version on CUDA)."""
+    (minite.nn.rms_norm.rms_norm_fp32: the one-kernel version on CUDA)."""
 
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()

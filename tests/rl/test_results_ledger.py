@@ -1,4 +1,5 @@
-"""minite.rl.ledger and `minite ledger`: the record of a real finished RL run (resolved and trained the way
+"""minite.rl.results_ledger and `minite ledger`: the record of a real finished RL run (resolved and trained
+the way
 the workflow does it), its hash against the arm's current one, the refusals (a missing field, another
 hash, CPU and GPU records in one profile), and `minite claims` pooling seeds from the ledger."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from minite.rl import ledger as L
+from minite.rl import results_ledger as L
 
 RL = {
     "steps": 2,
@@ -252,7 +253,7 @@ def test_verb_add_holds_and_pool(results, tmp_path):
 
 def test_claims_pool_the_ledger_and_name_commits_and_machines(results, tmp_path):
     from minite.commands.claims import main as claims
-    from minite.rl.ledger import add
+    from minite.rl.results_ledger import add
 
     into = tmp_path / "ledger"
     add([results / "rl" / "minite" / f"seed{s}" for s in (0, 1)], into, commit="abc123def4567890")

@@ -64,7 +64,7 @@ class StaticKVCache(Cache):
 
     def fused_write_target(self, layer_idx: int, key_states, value_states):
         """(k buffer, v buffer, write_pos) for an attention that writes this step's keys/values itself
-        (minite.nn.attention's fused q/k path: the slots written are write_pos + l, as `update` writes
+        (minite.nn.aligned_attention's fused q/k path: the slots written are write_pos + l, as `update` writes
         them), or None if these states do not fit the buffers (then it calls `update`)."""
         k, v = self.k[layer_idx], self.v[layer_idx]
         # states (B, L, Hkv, d) against buffers (B, Hkv, S, d)

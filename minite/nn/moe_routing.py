@@ -9,7 +9,7 @@ summation order follows the number of rows (cuBLAS's float32 GEMM splits K at de
 token different logits, hence different top-k routing weights, in the two engines. `router_logits_fp32`
 runs, on CUDA, the batch-invariant kernel (minite.kernels.router: one float32 FMA chain per output in
 ascending k, whatever the batch) with a torch backward for the trainer; on CPU the reference below, which
-every engine there runs itself. Used by minite.nn.moe.AlignedRouter (trainer, built-in sampler) and
+every engine there runs itself. Used by minite.nn.moe_layers.AlignedRouter (trainer, built-in sampler) and
 minite.engines.vllm's fp32 router method.
 """
 

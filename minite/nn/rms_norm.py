@@ -3,7 +3,7 @@
     y = cast( w · (x · rsqrt(mean(x²) + eps)) ),  every step in float32, one cast at the end
 
 transformers' Qwen3-MoE norm multiplies by the weight in the activation dtype and vLLM's op normalizes
-the unrounded residual sum; `fp32_norm` replaces both with this arithmetic (minite.nn.moe.FP32RMSNorm
+the unrounded residual sum; `fp32_norm` replaces both with this arithmetic (minite.nn.moe_layers.FP32RMSNorm
 in the trainer and the built-in sampler, minite.engines.vllm's norm swap in vLLM), so the engines
 normalize alike. `rms_norm_fp32` runs the pure-torch reference on CPU (bit for bit the arithmetic above,
 as torch sums it) and the one-kernel twin (minite.kernels.norm: one program per row, a fixed summation
