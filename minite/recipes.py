@@ -181,14 +181,13 @@ TE_NVFP4 = Recipe(
     description="naive: TE NVFP4BlockScaling trainer, sampler runs a re-exported NVFP4 checkpoint",
 )
 
-_MT_W = QuantSpec(block="16x16", scope="tensor", flavor="canonical")
-_MT_X = QuantSpec(block="1x16", scope="row", flavor="canonical")
-_MT_G = QuantSpec(block="1x16", scope="row", rounding="stochastic", flavor="canonical")
-_MT_FWD = NumericsSpec(
-    quantized=True,
-    fprop_weight=_MT_W,
-    fprop_act=_MT_X,
-    bf16_last_blocks=1,
+# The aligned execution: fp32 router, norms and RoPE, deterministic top-k, the fixed attention core and
+# batch-invariant bf16 linears on both engines. `minite` runs it with NVFP4 GEMMs; `bf16_aligned` runs it
+# with nothing quantized, bf16 weights and activations: its sampler loads the master weights cast to bf16,
+# the copies the trainer's forward runs on, so the gap is exactly 0 in bf16 as it is for `minite` in NVFP4.
+# With it the main arms form a 2x2, format {bf16, NVFP4} x execution {each engine's own, aligned}: bf16,
+# bf16_aligned, te_nvfp4, minite.
+_ALIGNED_BF16 = NumericsSpec(
     fp32_router=True,
     fp32_norm=True,
     deterministic_topk=True,
@@ -196,6 +195,11 @@ _MT_FWD = NumericsSpec(
     attention="fixed",
     bf16_linears="invariant",
 )
+
+_MT_W = QuantSpec(block="16x16", scope="tensor", flavor="canonical")
+_MT_X = QuantSpec(block="1x16", scope="row", flavor="canonical")
+_MT_G = QuantSpec(block="1x16", scope="row", rounding="stochastic", flavor="canonical")
+_MT_FWD = replace(_ALIGNED_BF16, quantized=True, fprop_weight=_MT_W, fprop_act=_MT_X, bf16_last_blocks=1)
 
 MINITE = Recipe(
     "minite",
@@ -208,20 +212,6 @@ MINITE = Recipe(
     ),
     sampler=replace(_MT_FWD, weight_source="trainer"),
     description="aligned: sampler executes the trainer's exact forward numerics",
-)
-
-# `minite`'s execution with nothing quantized: the same fp32 router, norms and RoPE, deterministic
-# top-k, the fixed attention core and batch-invariant bf16 linears on both engines, bf16 weights and
-# activations. The sampler loads the master weights cast to bf16, the copies the trainer's forward runs
-# on, so the gap is exactly 0 in bf16 as it is for `minite` in NVFP4. With it the main arms form a 2x2,
-# format {bf16, NVFP4} x execution {each engine's own, aligned}: bf16, bf16_aligned, te_nvfp4, minite.
-_ALIGNED_BF16 = NumericsSpec(
-    fp32_router=True,
-    fp32_norm=True,
-    deterministic_topk=True,
-    rope="fp32",
-    attention="fixed",
-    bf16_linears="invariant",
 )
 
 BF16_ALIGNED = Recipe(
