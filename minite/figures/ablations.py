@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 
 from minite.figures.style import label, palette, run_order, save, zero_floor
+from minite.figures.tokens_per_s import run_bars
 
 
 def fig_ablations(table: pd.DataFrame, out: Path, formats, dpi, title: str) -> list[str]:
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     if table.empty:
         return []
@@ -29,18 +29,7 @@ def fig_ablations(table: pd.DataFrame, out: Path, formats, dpi, title: str) -> l
         floor = zero_floor(raw.dropna()) if col == "logp_abs_diff_mean" else None
         if floor is not None:  # log axis: the gaps span decades; exact zeros drawn at a floor
             sub[col] = raw.where(~(raw == 0), floor)
-        sns.barplot(
-            data=sub,
-            y="run",
-            x=col,
-            hue="run",
-            order=order,
-            hue_order=order,
-            palette=colors,
-            legend=False,
-            ax=ax,
-            orient="h",
-        )
+        run_bars(ax, sub, order, colors, y="run", x=col, orient="h")
         ax.set_yticks(range(len(order)), [f"{label(n)}" for n in order])
         ax.set(ylabel="", xlabel=text, title=text)
         if floor is not None:

@@ -12,9 +12,17 @@ from minite.figures.load import model_of
 from minite.figures.style import label, palette, run_order, save
 
 
+def run_bars(ax, data: pd.DataFrame, order: list[str], colors: dict[str, str], **axes: str) -> None:
+    """One bar per run of `data`, in `order`, each in its run's colour (`axes`: seaborn's x, y, orient)."""
+    import seaborn as sns
+
+    sns.barplot(
+        data=data, hue="run", order=order, hue_order=order, palette=colors, legend=False, ax=ax, **axes
+    )
+
+
 def fig_throughput(tp: dict[str, Any], out: Path, formats, dpi, title: str) -> list[str]:
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     rows = []
     for name, r in tp["recipes"].items():
@@ -29,17 +37,7 @@ def fig_throughput(tp: dict[str, Any], out: Path, formats, dpi, title: str) -> l
     for ax, what in zip(axes[0], whats, strict=True):
         order = run_order(df.loc[df["what"] == what, "run"])
         sub = df[df["what"] == what].set_index("run").loc[order].reset_index()
-        sns.barplot(
-            data=sub,
-            x="run",
-            y="tps",
-            hue="run",
-            order=order,
-            hue_order=order,
-            palette=colors,
-            legend=False,
-            ax=ax,
-        )
+        run_bars(ax, sub, order, colors, x="run", y="tps")
         for i, r in sub.iterrows():
             ratio = "" if r["ratio"] is None or pd.isna(r["ratio"]) else f"×{r['ratio']:.2f}\n"
             ax.annotate(
