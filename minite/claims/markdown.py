@@ -25,6 +25,12 @@ RULES = (
     "that measured both recipes; settled only on a GPU with FP4 tensor cores (the claim is a B300 one)."
 )
 
+QUALITY_LOOP_EVAL = (
+    "Quality (exact match above) is the loop's greedy accuracy on the held-out prompts at each run's last "
+    "step (claims.quality: loop_eval), the same policy lm-eval would score: these runs made no final "
+    "lm-eval."
+)
+
 
 def _f(v: Any, spec: str = ".3f") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -163,6 +169,8 @@ def claims_markdown(
     parts.append(
         RULES.format(level=result["level"], margin=result["margin"], differences=differences) + "\n\n"
     )
+    if result.get("quality_source") == "loop_eval":
+        parts.append(QUALITY_LOOP_EVAL + "\n\n")
     if result.get("pairing"):
         parts.append(result["pairing"] + "\n\n")
     sens = result.get("sensitivity")

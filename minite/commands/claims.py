@@ -29,6 +29,9 @@ ROLE_KEYS = (
     "dose_response",
     "positive_control",
 )
+# what measures an arm's final quality: lm-eval's exact match of the final checkpoint, or the loop's own
+# greedy accuracy at the last step (runs that made no final lm-eval, such as one GPU call's)
+QUALITY_SOURCES = ("lm_eval", "loop_eval")
 
 
 def parse_claims(text: str) -> dict:
@@ -38,6 +41,11 @@ def parse_claims(text: str) -> dict:
         raise ConfigError(f"--claims: not JSON ({e.msg}); pass the profile's claims section as JSON") from e
     if not isinstance(sec, dict):
         raise ConfigError("--claims: expected a JSON object (the profile's claims section)")
+    if sec.get("quality", "lm_eval") not in QUALITY_SOURCES:
+        raise ConfigError(
+            f"claims.quality: {sec['quality']!r} is not one of {list(QUALITY_SOURCES)} (lm_eval: the final "
+            "lm-eval exact match; loop_eval: the loop's greedy accuracy at the last step)"
+        )
     return sec
 
 
@@ -134,6 +142,10 @@ def main(argv: list[str]) -> int:
             provenance += _folder_provenance(seeds, have)
         if not seeds:
             raise ConfigError(f"no seed to settle the claims: no --rl folder and no record in {args.ledger}")
+        quality_source = sec.get("quality", "lm_eval")
+        if quality_source == "loop_eval":
+            for row in seeds:
+                row["quality"] = row["loop_eval"]
         result = evaluate(
             seeds,
             roles,
@@ -145,6 +157,8 @@ def main(argv: list[str]) -> int:
         )
         if provenance is not None:
             result["provenance"] = provenance
+        if quality_source != "lm_eval":
+            result["quality_source"] = quality_source
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         apply_style()

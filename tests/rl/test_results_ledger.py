@@ -273,3 +273,32 @@ def test_claims_pool_the_ledger_and_name_commits_and_machines(results, tmp_path)
     prov = json.loads((out / "claims.json").read_text())["provenance"]
     assert {p["hardware"] for p in prov} == {"run folder", L.machine()["processor"]}
     assert claims(argv[:-4]) == 2  # neither --rl nor --ledger
+
+
+def test_claims_quality_from_the_loop_eval_when_records_hold_no_lm_eval(results, tmp_path):
+    """claims.quality: loop_eval scores each seed by the loop's greedy accuracy at its last step (the GPU
+    calls make no final lm-eval); the default takes lm-eval's exact match (seed 0 has one, seed 1 none:
+    n/a); a typo is refused by name."""
+    from minite.commands.claims import main as claims
+    from minite.rl.results_ledger import add
+
+    into = tmp_path / "ledger"
+    add([results / "rl" / "minite" / f"seed{s}" for s in (0, 1)], into, commit="abc123def4567890")
+    last = [_rows(results / "rl" / "minite" / f"seed{s}")[-1]["eval/accuracy"] for s in (0, 1)]
+
+    def run(sec: dict) -> tuple[dict, str]:
+        out = tmp_path / f"claims_{len(sec)}"
+        argv = ["--claims", json.dumps({"aligned": "minite", "min_seeds": 2, **sec}), "--out", str(out)]
+        argv += ["--profile", "unit", "--formats", "png", "--bench", str(tmp_path / "none")]
+        assert claims([*argv, "--ledger", str(into), "--runs", str(results / "runs")]) == 0
+        return json.loads((out / "claims.json").read_text()), (out / "claims.md").read_text()
+
+    res, md = run({})
+    q = res["arms"]["minite"]["quality"]["values"]
+    assert q[0] == 0.25 and (q[1] is None or math.isnan(q[1]))  # n/a
+    assert "quality_source" not in res and "claims.quality: loop_eval" not in md
+    res, md = run({"quality": "loop_eval"})
+    assert res["arms"]["minite"]["quality"]["values"] == last
+    assert res["quality_source"] == "loop_eval" and "claims.quality: loop_eval" in md
+    argv = ["--claims", json.dumps({"quality": "loop_evals"}), "--out", str(tmp_path / "x")]
+    assert claims([*argv, "--ledger", str(into), "--runs", str(results / "runs")]) == 2
