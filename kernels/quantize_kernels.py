@@ -134,6 +134,33 @@ if HAS_TRITON:
         return bs, bs_byte, mult, bad
 
     @triton.jit
+    def _nonfinite(amax):
+        """An amax (>= 0 or NaN) that is NaN or +Inf: its block holds a non-finite value."""
+        return (amax != amax) | (amax == float("inf"))
+
+    @triton.jit
+    def _row_scales(rmax, rows, gs, SHAPE, GS_MODE, FLAVOR, POW2, F8_F4_MAX, FLOAT32_MAX):
+        """The global encode scale s_enc of each row, broadcast to SHAPE: GS_MODE 3 from the row maxima
+        rmax (the tile spans the row; the tile of column tile 0 writes it to gs_out), 1 one per row,
+        read, 0 one scalar. rows = (brow, rmask, pid_c): the rows' index in the stacked rows, their mask
+        and the column tile; gs = (gs_ptr, gs_out_ptr, stride_gs_r)."""
+        brow, rmask, pid_c = rows
+        gs_ptr, gs_out_ptr, stride_gs_r = gs
+        if GS_MODE == 3:
+            if FLAVOR == 1:
+                s_row = _s_enc_te(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            else:
+                s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
+            tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
+            s_enc = tl.broadcast_to(s_row[:, None], SHAPE)
+        elif GS_MODE == 1:
+            s_row = tl.load(gs_ptr + brow * stride_gs_r, mask=rmask, other=1.0)
+            s_enc = tl.broadcast_to(s_row[:, None], SHAPE)
+        else:
+            s_enc = tl.full(SHAPE, 0.0, tl.float32) + tl.load(gs_ptr)
+        return s_enc
+
+    @triton.jit
     def _nvfp4_quantize_kernel(
         x_ptr,
         q_ptr,
@@ -172,6 +199,7 @@ if HAS_TRITON:
     ):
         # program (row tile, column tile, batch entry); batch entries are independent (R, C) matrices
         NB: tl.constexpr = BLOCK_C // 16
+        SHAPE: tl.constexpr = (BLOCK_R, NB)  # the tile's blocks
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
         pid_b = tl.program_id(2).to(tl.int64)
@@ -205,10 +233,10 @@ if HAS_TRITON:
         # any row of the tile holds one: a reduction over BLOCK_R values, not over the tile.
         # te keeps them in every max, as TE's reference does.
         bamax = tl.reduce(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), 2, _max_nan)  # (BLOCK_R, NB)
-        bad = (bamax != bamax) | (bamax == float("inf"))
+        bad = _nonfinite(bamax)
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
         if FLAVOR != 1:  # noqa: SIM102 (a constexpr branch around a runtime one: kept apart for Triton)
-            if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+            if tl.max(_nonfinite(rmax).to(tl.int32), axis=0) > 0:
                 x = tl.where(tl.abs(x) < float("inf"), x, 0.0)
                 bamax = tl.max(tl.reshape(tl.abs(x), (BLOCK_R, NB, 16)), axis=2)
                 rmax = tl.max(bamax, axis=1)
@@ -229,24 +257,15 @@ if HAS_TRITON:
                 tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rmask)
             return
 
-        # encode scale, broadcast to (BLOCK_R, NB)
-        if GS_MODE == 3:
-            if FLAVOR == 1:
-                s_row = _s_enc_te(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
-            else:
-                s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
-            tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
-            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, NB))
-        elif GS_MODE == 2:
+        # encode scale, broadcast to (BLOCK_R, NB); GS_MODE 2: one per (row, segment of blocks)
+        if GS_MODE == 2:
             seg = tl.load(seg_ptr + bcols, mask=bcols < C // 16, other=0)
             s_enc = tl.load(
                 gs_ptr + seg[None, :] * stride_gs_seg + rows[:, None] * stride_gs_r, mask=bmask, other=1.0
             )
-        elif GS_MODE == 1:
-            s_row = tl.load(gs_ptr + brow * stride_gs_r, mask=rmask, other=1.0)
-            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, NB))
         else:
-            s_enc = tl.full((BLOCK_R, NB), 0.0, tl.float32) + tl.load(gs_ptr)
+            rows_c, gs = (brow, rmask, pid_c), (gs_ptr, gs_out_ptr, stride_gs_r)
+            s_enc = _row_scales(rmax, rows_c, gs, SHAPE, GS_MODE, FLAVOR, POW2, F8_F4_MAX, FLOAT32_MAX)
 
         # E4M3 block scale and the float32 multiplier into the E2M1 domain (nvfp4._block_scale_and_multiplier)
         bs, bs_byte, mult, bad = _block_scale(
@@ -438,10 +457,10 @@ if HAS_TRITON:
             x0 = tl.where(bad_src[:, None, None], float("nan"), x0)
             x1 = tl.where(bad_src[:, None, None], float("nan"), x1)
         bamax = _max_nan(tl.reduce(tl.abs(x0), 2, _max_nan), tl.reduce(tl.abs(x1), 2, _max_nan))
-        bad = (bamax != bamax) | (bamax == float("inf"))
+        bad = _nonfinite(bamax)
         rmax = tl.reduce(bamax, 1, _max_nan)  # (BLOCK_R,)
         if FLAVOR != 1:  # noqa: SIM102 (te keeps them, as TE's reference does; constexpr apart for Triton)
-            if tl.max(((rmax != rmax) | (rmax == float("inf"))).to(tl.int32), axis=0) > 0:
+            if tl.max(_nonfinite(rmax).to(tl.int32), axis=0) > 0:
                 # rare: drop non-finite values from every max, as the reference does
                 x0 = tl.where(tl.abs(x0) < float("inf"), x0, 0.0)
                 x1 = tl.where(tl.abs(x1) < float("inf"), x1, 0.0)
@@ -452,20 +471,10 @@ if HAS_TRITON:
             n_ct = tl.num_programs(1)
             tl.store(amax_ptr + (pid_b * n_ct + pid_c) * R + rows, rmax, mask=rmask)
             return
-        if GS_MODE == 3:
-            if FLAVOR == 1:
-                s_row = _s_enc_te(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
-            else:
-                s_row = _s_enc_from_amax(rmax, F8_F4_MAX, FLOAT32_MAX, POW2)
-            tl.store(gs_out_ptr + brow, s_row, mask=rmask & (pid_c == 0))
-            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
-        elif GS_MODE == 1:
-            s_row = tl.load(gs_ptr + brow * stride_gs_r, mask=rmask, other=1.0)
-            s_enc = tl.broadcast_to(s_row[:, None], (BLOCK_R, BLOCK_NB))
-        else:
-            s_enc = tl.full((BLOCK_R, BLOCK_NB), 0.0, tl.float32) + tl.load(gs_ptr)
-        # E4M3 block scale and the multiplier, as _nvfp4_quantize_kernel (nvfp4._block_scale_and_multiplier)
         shape: tl.constexpr = (BLOCK_R, BLOCK_NB)
+        rows_c, gs = (brow, rmask, pid_c), (gs_ptr, gs_out_ptr, stride_gs_r)
+        s_enc = _row_scales(rmax, rows_c, gs, shape, GS_MODE, FLAVOR, POW2, F8_F4_MAX, FLOAT32_MAX)
+        # E4M3 block scale and the multiplier, as _nvfp4_quantize_kernel (nvfp4._block_scale_and_multiplier)
         bs, bs_byte, mult, bad = _block_scale(
             s_enc, bamax, bad, shape, FLAVOR, F8_MAX, FLOAT32_MAX, ONE_SIXTH
         )
