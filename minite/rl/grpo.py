@@ -124,6 +124,7 @@ import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -545,50 +546,15 @@ def loss_mask(
     return valid & keep[:, None]
 
 
-def grpo_loss(
-    logp_new: torch.Tensor,
-    logp_old: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: GRPOConfig,
-    logp_sampler: torch.Tensor | None = None,
-    *,
-    logp_ref: torch.Tensor | None = None,
-    denominator: float | torch.Tensor | None = None,
-    check_finite: bool = True,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO/DAPO clipped policy loss, optionally with TIS, MIS, Geo-RS and a KL penalty.
-
-    Args:
-        logp_new: (B, T) log-probs of the sampled tokens under the policy being optimized (grad flows).
-        logp_old: (B, T) the trainer's log-probs before the update (the PPO anchor), detached.
-        advantages: (B,) one advantage per sequence (e.g. ``group_advantages``), detached.
-        mask: (B, T) bool or 0/1, true at valid completion tokens.
-        cfg: ``GRPOConfig``.
-        logp_sampler: (B, T) the sampler engine's log-probs of the same tokens; required when
-            ``cfg.tis``, ``cfg.mis`` or ``cfg.geo_rs``, ignored otherwise.
-        logp_ref: (B, T) reference-policy log-probs; required when ``cfg.kl_coef > 0``.
-        denominator: the aggregation's D (``loss_denominator``) of the whole batch these rows are part
-            of: the loss is then this part's N / D, and the parts of disjoint rows add up to the
-            batch's loss (a mask without valid tokens is allowed: its part is 0). None: these rows'
-            own D (the loss of these rows alone).
-        check_finite: raise ``ValueError`` when an input is NaN/inf at a valid token (one device sync).
+def grpo_loss(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """``grpo_loss_sums`` (the same arguments) with its statistics as floats: the loss of a caller that
+    does not add statistics over micro-batches or ranks.
 
     Returns:
         (loss, stats): a 0-d tensor differentiable w.r.t. ``logp_new`` only, and float stats (module
         docstring).
     """
-    loss, stats = grpo_loss_sums(
-        logp_new,
-        logp_old,
-        advantages,
-        mask,
-        cfg,
-        logp_sampler,
-        logp_ref=logp_ref,
-        denominator=denominator,
-        check_finite=check_finite,
-    )
+    loss, stats = grpo_loss_sums(*args, **kwargs)
     return loss, stats.means()
 
 
@@ -604,8 +570,24 @@ def grpo_loss_sums(
     denominator: float | torch.Tensor | None = None,
     check_finite: bool = True,
 ) -> tuple[torch.Tensor, LossStats]:
-    """``grpo_loss`` with its statistics as a ``LossStats`` (sums, counts, extremes) that adds over
-    micro-batches and ranks."""
+    """GRPO/DAPO clipped policy loss, optionally with TIS, MIS, Geo-RS and a KL penalty, and its
+    statistics as a ``LossStats`` (sums, counts, extremes) that adds over micro-batches and ranks.
+
+    Args:
+        logp_new: (B, T) log-probs of the sampled tokens under the policy being optimized (grad flows).
+        logp_old: (B, T) the trainer's log-probs before the update (the PPO anchor), detached.
+        advantages: (B,) one advantage per sequence (e.g. ``group_advantages``), detached.
+        mask: (B, T) bool or 0/1, true at valid completion tokens.
+        cfg: ``GRPOConfig``.
+        logp_sampler: (B, T) the sampler engine's log-probs of the same tokens; required when
+            ``cfg.tis``, ``cfg.mis`` or ``cfg.geo_rs``, ignored otherwise.
+        logp_ref: (B, T) reference-policy log-probs; required when ``cfg.kl_coef > 0``.
+        denominator: the aggregation's D (``loss_denominator``) of the whole batch these rows are part
+            of: the loss is then this part's N / D, and the parts of disjoint rows add up to the
+            batch's loss (a mask without valid tokens is allowed: its part is 0). None: these rows'
+            own D (the loss of these rows alone).
+        check_finite: raise ``ValueError`` when an input is NaN/inf at a valid token (one device sync).
+    """
     if not isinstance(cfg, GRPOConfig):
         raise TypeError(f"cfg must be a GRPOConfig, got {type(cfg).__name__}")
     _check_2d(logp_new, "logp_new", None)
