@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -148,16 +149,11 @@ def trace(
     model_b: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    *,
-    dtype_a: torch.dtype = torch.bfloat16,
-    dtype_b: torch.dtype = torch.bfloat16,
-    threshold: float = 1e-2,
+    **options: Any,
 ) -> TraceReport:
-    """Run both models on the same (right-padded) sequences and compare every site. Each model runs on
-    `dtype_*` copies of its parameters, as its engine does (minite.engines.trainer.forward)."""
-    return trace_with_captures(
-        model_a, model_b, input_ids, attention_mask, dtype_a=dtype_a, dtype_b=dtype_b, threshold=threshold
-    )[0]
+    """Run both models on the same (right-padded) sequences and compare every site. `options`:
+    `trace_with_captures`'s dtype_a, dtype_b, threshold."""
+    return trace_with_captures(model_a, model_b, input_ids, attention_mask, **options)[0]
 
 
 def trace_with_captures(
@@ -170,7 +166,8 @@ def trace_with_captures(
     dtype_b: torch.dtype = torch.bfloat16,
     threshold: float = 1e-2,
 ) -> tuple[TraceReport, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """`trace`, plus both sides' token-aligned captures ((N valid tokens, features) per site)."""
+    """`trace`, plus both sides' token-aligned captures ((N valid tokens, features) per site). Each model
+    runs on `dtype_*` copies of its parameters, as its engine does (minite.engines.trainer.forward)."""
     names = site_names(model_a)
     with capture(model_a, names) as sa:
         _forward(model_a, input_ids, attention_mask, dtype_a)
