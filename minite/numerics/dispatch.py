@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
@@ -42,21 +43,14 @@ def use_kernels(*tensors: torch.Tensor | None) -> bool:
     return triton_available()
 
 
-def quantize(
-    x: torch.Tensor,
-    spec: QuantSpec | None = None,
-    *,
-    amax: torch.Tensor | float | None = None,
-    generator: torch.Generator | None = None,
-    name: str = "tensor",
-    check_finite: bool = False,
-) -> NVFP4Tensor:
-    """minite.numerics.quantize, on the fused kernel for CUDA tensors."""
+def quantize(x: torch.Tensor, spec: QuantSpec | None = None, **options: Any) -> NVFP4Tensor:
+    """minite.numerics.quantize, on the fused kernel for CUDA tensors; `options`: the reference's keyword
+    arguments (amax, generator, name, check_finite), which the kernel takes alike."""
     if use_kernels(x):
         from minite.kernels import nvfp4_quantize
 
-        return nvfp4_quantize(x, spec, amax=amax, generator=generator, name=name, check_finite=check_finite)
-    return quantize_ref(x, spec, amax=amax, generator=generator, name=name, check_finite=check_finite)
+        return nvfp4_quantize(x, spec, **options)
+    return quantize_ref(x, spec, **options)
 
 
 def matmul(
