@@ -100,7 +100,6 @@ def measure_recipe(
 
     shape, layers = source.shape, source.layers
     clock = Clock(device)
-    cuda = device.type == "cuda"
     t0 = time.perf_counter()
     model = load_model(source, device, seed)
     params = sum(p.numel() for p in model.parameters())
@@ -118,7 +117,7 @@ def measure_recipe(
         logp_old = trainer.recompute_logprobs(batch, cfg.micro_batch)
         trainer.update(batch, adv, logp_old, minibatches=1, micro_batch=cfg.micro_batch)
 
-    if cuda:
+    if clock.cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     times: list[float] = []
@@ -135,7 +134,7 @@ def measure_recipe(
                 break
     med = statistics.median(times)
     mem = {}
-    if cuda:
+    if clock.cuda:
         mem = {
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
@@ -253,56 +252,77 @@ def derive(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def run(
+@dataclass(frozen=True)
+class BenchOptions:
+    """What the learner and the rollout bench both take besides their config: the model (`model_dir`, or
+    `shape` at `layers`: see resolve_source), the seed, where log lines and the report so far go (to
+    `progress` after each recipe), and the command line the report records."""
+
+    shape: str | None = None
+    layers: int | str | None = None
+    model_dir: str | None = None
+    bytes_per_param: float = 20.0
+    activation_reserve_gib: float = 24.0
+    seed: int = 0
+    log: Callable[[str], None] = print
+    command: str | None = None
+    progress: Callable[[dict[str, Any]], None] | None = None
+
+    def source(self, device: torch.device) -> Source:
+        return resolve_source(
+            self.shape, self.layers, self.model_dir, device, self.bytes_per_param, self.activation_reserve_gib
+        )
+
+
+def measure_each(
+    kind: str,
     recipes: list[Recipe],
-    cfg: LearnerConfig,
-    *,
-    shape: str | None = None,
-    layers: int | str | None = None,
-    model_dir: str | None = None,
-    bytes_per_param: float = 20.0,
-    activation_reserve_gib: float = 24.0,
-    seed: int = 0,
-    log: Callable[[str], None] = print,
-    command: str | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    layers: int,
+    measure: Callable[[Recipe], dict[str, Any]],
+    report_of: Callable[[dict[str, Any], dict[str, str]], dict[str, Any]],
+    opts: BenchOptions,
 ) -> dict[str, Any]:
-    """Measure every recipe in this process on the model of `model_dir`, or of `shape` at `layers`
-    (see resolve_source); the report so far goes to `progress` after each recipe."""
-    device = bench_device()
-    source = resolve_source(shape, layers, model_dir, device, bytes_per_param, activation_reserve_gib)
-    n = source.layers
-    fixed, per_layer = param_counts(source.shape)
-    log(
-        f"learner: {source.name} x {n} layers ({fixed + per_layer * n:,} parameters) on {device}; "
-        f"{source.layers_rule}"
-    )
-    rows: dict[str, dict[str, Any]] = {}
+    """`measure` every recipe in turn, the device memory released around each; a recipe that runs out of
+    memory is recorded as failed and the others still run. Returns the last `report_of(rows, failed)`."""
+    rows: dict[str, Any] = {}
     failed: dict[str, str] = {}
     report: dict[str, Any] = {}
     for recipe in recipes:
-        log(f"learner: {recipe.name} ...")
+        opts.log(f"{kind}: {recipe.name} ...")
         release()
         try:
-            rows[recipe.name] = measure_recipe(recipe, source, cfg, device, seed, log)
-        except torch.OutOfMemoryError as exc:  # recorded; the other recipes still run
-            failed[recipe.name] = f"OutOfMemoryError at {n} layers: {str(exc)[:300]}"
-            log(f"learner: {recipe.name}: {failed[recipe.name]}")
+            rows[recipe.name] = measure(recipe)
+        except torch.OutOfMemoryError as exc:
+            failed[recipe.name] = f"OutOfMemoryError at {layers} layers: {str(exc)[:300]}"
+            opts.log(f"{kind}: {recipe.name}: {failed[recipe.name]}")
         release()
-        if recipe.name in rows:
-            r = rows[recipe.name]
-            log(f"learner: {recipe.name}: {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.3f} s/update)")
-        report = _report(
-            rows, failed, source, fixed, per_layer, cfg, bytes_per_param, activation_reserve_gib, command
-        )
-        if progress is not None:
-            progress(report)
+        report = report_of(rows, failed)
+        if opts.progress is not None:
+            opts.progress(report)
     return report
 
 
-def _report(
-    rows, failed, source: Source, fixed, per_layer, cfg, bytes_per_param, activation_reserve_gib, command
-) -> dict[str, Any]:
+def run(recipes: list[Recipe], cfg: LearnerConfig, opts: BenchOptions) -> dict[str, Any]:
+    """Measure every recipe in this process on the model of `opts`."""
+    device = bench_device()
+    source = opts.source(device)
+    n = source.layers
+    fixed, per_layer = param_counts(source.shape)
+    opts.log(
+        f"learner: {source.name} x {n} layers ({fixed + per_layer * n:,} parameters) on {device}; "
+        f"{source.layers_rule}"
+    )
+
+    def measure(recipe: Recipe) -> dict[str, Any]:
+        r = measure_recipe(recipe, source, cfg, device, opts.seed, opts.log)
+        opts.log(f"learner: {recipe.name}: {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.3f} s/update)")
+        return r
+
+    report_of = lambda rows, failed: _report(rows, failed, source, fixed, per_layer, cfg, opts)
+    return measure_each("learner", recipes, n, measure, report_of, opts)
+
+
+def _report(rows, failed, source: Source, fixed, per_layer, cfg, opts: BenchOptions) -> dict[str, Any]:
     n = source.layers
     shape = {
         **source.summary(),
@@ -311,11 +331,14 @@ def _report(
         "params_outside_layers": fixed,
     }
     if source.built:
-        shape |= {"bytes_per_param_budget": bytes_per_param, "activation_reserve_gib": activation_reserve_gib}
+        shape |= {
+            "bytes_per_param_budget": opts.bytes_per_param,
+            "activation_reserve_gib": opts.activation_reserve_gib,
+        }
     report: dict[str, Any] = {
         "kind": "learner",
         "device": device_info(),
-        "environment": environment(command=command),
+        "environment": environment(command=opts.command),
         "shape": shape,
         "config": {
             **dataclasses.asdict(cfg),
@@ -328,15 +351,12 @@ def _report(
 
 
 def markdown(report: dict[str, Any]) -> str:
-    env, dev, shape, cfg = report["environment"], report["device"], report["shape"], report["config"]
+    dev, shape, cfg = report["device"], report["shape"], report["config"]
     rows = report["recipes"]
     lines = [
         f"# Learner throughput: {describe(shape)} ({dev['label']})",
         "",
-        f"- command: `{env['command']}`"
-        + (f" (reproduce: `{env['reproduce']}`)" if env.get("reproduce") else ""),
-        f"- date: {env['date']}, git commit: {env['git_commit']}, torch {env['torch']}, "
-        f"transformers {env['transformers']}, triton {env['triton']}",
+        *provenance(report["environment"]),
         f"- model: hidden {shape['hidden_size']}, "
         f"{shape['num_attention_heads']}/{shape['num_key_value_heads']} heads of {shape['head_dim']}, "
         f"{shape['num_experts']} experts top-{shape['num_experts_per_tok']}, "
@@ -429,6 +449,17 @@ def markdown(report: dict[str, Any]) -> str:
             + f". Assumption: {ex['assumption']}.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def provenance(env: dict[str, Any]) -> list[str]:
+    """A report's Markdown lines on how it was measured: the command (and how to reproduce it), the date
+    and the software."""
+    return [
+        f"- command: `{env['command']}`"
+        + (f" (reproduce: `{env['reproduce']}`)" if env.get("reproduce") else ""),
+        f"- date: {env['date']}, git commit: {env['git_commit']}, torch {env['torch']}, "
+        f"transformers {env['transformers']}, triton {env['triton']}",
+    ]
 
 
 def _core_ms(bd: dict[str, Any]) -> float | None:

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from minite.bench.learner import BenchOptions, measure_each, provenance
 from minite.bench.model import (
     EXTRAPOLATE_LAYERS,
     Source,
@@ -52,7 +53,6 @@ from minite.bench.model import (
     model_config,
     param_counts,
     release,
-    resolve_source,
 )
 from minite.bench.throughput import Clock, bench_device, device_info, environment
 from minite.configuration import ConfigError
@@ -323,55 +323,36 @@ def measure_engine(
 def run(
     recipes: list[Recipe],
     cfg: RolloutConfig,
+    opts: BenchOptions,
     *,
-    shape: str | None = None,
-    layers: int | str | None = None,
-    model_dir: str | None = None,
     engine: str = "builtin",
     gpu_memory_utilization: float | None = None,
-    bytes_per_param: float = 20.0,
-    activation_reserve_gib: float = 24.0,
-    seed: int = 0,
-    log: Callable[[str], None] = print,
-    command: str | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure every recipe in this process on the model of `model_dir`, or of `shape` at `layers`
-    (minite.bench.learner.resolve_source); the report so far goes to `progress` after each recipe."""
+    """Measure every recipe in this process on the model of `opts` (minite.bench.learner.BenchOptions)."""
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
-    if engine != "builtin" and model_dir is None:
+    if engine != "builtin" and opts.model_dir is None:
         raise ConfigError(
             f"--engine {engine} needs --model-dir (a built shape runs the built-in sampler only)"
         )
     device = bench_device()
-    source = resolve_source(shape, layers, model_dir, device, bytes_per_param, activation_reserve_gib)
+    source = opts.source(device)
     n = source.layers
     fixed, per_layer = param_counts(source.shape)
     bw = copy_bandwidth(device) if engine == "builtin" else None
     bw_s = f"{bw / 1e12:.2f} TB/s" if bw else "not measured"
-    log(f"rollout: {source.name} x {n} layers on {device}, {engine} engine; device copy bandwidth {bw_s}")
-    rows: dict[str, Any] = {}
-    failed: dict[str, str] = {}
-    report: dict[str, Any] = {}
-    for recipe in recipes:
-        log(f"rollout: {recipe.name} ...")
-        release()
-        try:
-            if engine == "builtin":
-                rows[recipe.name] = measure_recipe(recipe, source, cfg, device, bw, seed, log)
-            else:
-                rows[recipe.name] = measure_engine(
-                    recipe, source, cfg, engine, seed, log, gpu_memory_utilization
-                )
-        except torch.OutOfMemoryError as exc:
-            failed[recipe.name] = f"OutOfMemoryError at {n} layers: {str(exc)[:300]}"
-            log(f"rollout: {recipe.name}: {failed[recipe.name]}")
-        release()
-        report = _report(rows, failed, recipes, source, fixed + per_layer * n, cfg, engine, bw, command)
-        if progress is not None:
-            progress(report)
-    return report
+    opts.log(
+        f"rollout: {source.name} x {n} layers on {device}, {engine} engine; device copy bandwidth {bw_s}"
+    )
+
+    def measure(recipe: Recipe) -> dict[str, Any]:
+        if engine == "builtin":
+            return measure_recipe(recipe, source, cfg, device, bw, opts.seed, opts.log)
+        return measure_engine(recipe, source, cfg, engine, opts.seed, opts.log, gpu_memory_utilization)
+
+    params, command = fixed + per_layer * n, opts.command
+    report_of = lambda rows, failed: _report(rows, failed, recipes, source, params, cfg, engine, bw, command)
+    return measure_each("rollout", recipes, n, measure, report_of, opts)
 
 
 def _report(rows, failed, recipes, source: Source, params, cfg, engine, bw, command):
@@ -433,17 +414,14 @@ def _targets(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    env, dev, shape, cfg = report["environment"], report["device"], report["shape"], report["config"]
+    dev, shape, cfg = report["device"], report["shape"], report["config"]
     bw = report["copy_bandwidth_bytes_per_s"]
     if report.get("engine", "builtin") != "builtin":
         return _engine_markdown(report)
     lines = [
         f"# Rollout (decode) throughput, built-in sampler: {describe(shape)} ({dev['label']})",
         "",
-        f"- command: `{env['command']}`"
-        + (f" (reproduce: `{env['reproduce']}`)" if env.get("reproduce") else ""),
-        f"- date: {env['date']}, git commit: {env['git_commit']}, torch {env['torch']}, "
-        f"transformers {env['transformers']}, triton {env['triton']}",
+        *provenance(report["environment"]),
         f"- prompts of {cfg['prompt_len']} random tokens, {cfg['max_new_tokens']} new tokens per row "
         f"(temperature 1, no EOS); decode step "
         f"{'replayed as a CUDA graph (rows marked eager: without)' if cfg['cuda_graphs'] else 'eager'}; "

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from minite.commands.common import run_guarded
@@ -49,6 +50,17 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     command = " ".join(["minite", "bench", *argv])
     return run_guarded(lambda: _run(args, command))
+
+
+def _verb_parser(sub, verb: str, module: ModuleType, help: str) -> argparse.ArgumentParser:
+    """The parser of `minite bench <verb>`; its description is the docstring of the module that measures."""
+    return sub.add_parser(
+        verb,
+        prog=f"minite bench {verb}",
+        description=module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help=help,
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -84,13 +96,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _learner_args(sub) -> None:
     from minite.bench import learner as L
 
-    p = sub.add_parser(
-        "learner",
-        prog="minite bench learner",
-        description=L.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="tokens/s of a complete learner update",
-    )
+    p = _verb_parser(sub, "learner", L, "tokens/s of a complete learner update")
     _common(p)
     d = L.LearnerConfig()
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per update")
@@ -105,13 +111,7 @@ def _learner_args(sub) -> None:
 def _rollout_args(sub) -> None:
     from minite.bench import rollout_throughput as R
 
-    p = sub.add_parser(
-        "rollout",
-        prog="minite bench rollout",
-        description=R.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="generated tokens/s of the sampler",
-    )
+    p = _verb_parser(sub, "rollout", R, "generated tokens/s of the sampler")
     _common(p)
     d = R.RolloutConfig()
     p.add_argument("--engine", choices=list(R.ENGINES), default="builtin", help="vllm: with --model-dir only")
@@ -132,12 +132,8 @@ def _rollout_args(sub) -> None:
 def _attention_args(sub) -> None:
     from minite.bench import attention_core as A
 
-    p = sub.add_parser(
-        "attention",
-        prog="minite bench attention",
-        description=A.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="the fixed attention core against torch SDPA (forward, backward, decode)",
+    p = _verb_parser(
+        sub, "attention", A, "the fixed attention core against torch SDPA (forward, backward, decode)"
     )
     d = A.AttentionBenchConfig()
     p.add_argument("--seq-lens", type=int, nargs="+", default=list(d.seq_lens))
@@ -174,6 +170,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     from minite.bench import learner as L
     from minite.bench import rollout_throughput as R
     from minite.bench.model import parse_recipe
+    from minite.commands.bench_scaling import update_shape
     from minite.tracking import job_run
 
     if args.threads:
@@ -191,7 +188,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
         )
     with job_cm as job:
         recipes = [parse_recipe(r) for r in args.recipes]
-        kw: dict[str, Any] = dict(
+        opts = L.BenchOptions(
             shape=args.shape,
             layers=args.layers,
             model_dir=args.model_dir,
@@ -200,23 +197,17 @@ def _run(args: argparse.Namespace, command: str) -> int:
             seed=args.seed,
             log=lambda m: print(m, flush=True),
             command=command,
+            progress=lambda rep: _write(rep, args.out, quiet=True),
         )
         if args.verb == "learner":
             cfg = L.LearnerConfig(
-                batch=args.batch,
-                prompt_len=args.prompt_len,
-                completion_len=args.completion_len,
-                micro_batch=args.micro_batch,
-                warmup=args.warmup,
-                iters=args.iters,
+                **update_shape(args),
                 breakdown=not args.no_breakdown,
                 max_seconds=args.max_seconds,
                 compute_dtype=args.compute_dtype,
             )
             md = L.markdown
-            report = L.run(
-                recipes, cfg, progress=lambda rep: _write(rep, args.out, quiet=True), **kw
-            )
+            report = L.run(recipes, cfg, opts)
         else:
             cfg = R.RolloutConfig(
                 batch_sizes=tuple(args.batch_sizes),
@@ -234,14 +225,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
                 from minite.commands.eval import check_share
 
                 check_share(share)
-            report = R.run(
-                recipes,
-                cfg,
-                engine=args.engine,
-                gpu_memory_utilization=share,
-                progress=lambda rep: _write(rep, args.out, quiet=True),
-                **kw,
-            )
+            report = R.run(recipes, cfg, opts, engine=args.engine, gpu_memory_utilization=share)
         _write(report, args.out)
         _decode_figure(report, args.out)
         if job is not None:

@@ -32,6 +32,14 @@ from typing import Any
 from minite.bench.scaling_report import markdown
 from minite.commands.common import run_guarded
 
+# the learner update's shape and timing: flags of `minite bench learner` and of this command, each the
+# field of the same name of the config it fills (LearnerConfig, ScalingSpec)
+UPDATE_SHAPE = ("batch", "prompt_len", "completion_len", "micro_batch", "warmup", "iters")
+
+
+def update_shape(args: argparse.Namespace) -> dict[str, int]:
+    return {name: getattr(args, name) for name in UPDATE_SHAPE}
+
 
 def parser() -> argparse.ArgumentParser:
     from minite.distributed.scaling import ScalingSpec
@@ -44,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--procs", nargs="+", type=int, help="process counts to run (default 1..max-procs)")
     g.add_argument("--max-procs", type=int, help="default: the GPU count, or 2 on CPU")
-    for name in ("batch", "prompt_len", "completion_len", "micro_batch", "warmup", "iters", "seed"):
+    for name in (*UPDATE_SHAPE, "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument(
@@ -288,12 +296,7 @@ def run(args, argv: list[str]) -> dict[str, Any]:
         configs=list(args.configs),
         recipes=list(args.recipes),
         layers=layers,
-        batch=args.batch,
-        prompt_len=args.prompt_len,
-        completion_len=args.completion_len,
-        micro_batch=args.micro_batch,
-        warmup=args.warmup,
-        iters=args.iters,
+        **update_shape(args),
         activation_checkpointing=args.activation_checkpointing,
         seed=args.seed,
         init=args.init,
