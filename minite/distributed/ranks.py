@@ -163,8 +163,8 @@ def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, Any]:
 
 def make_colocated_vllm(cfg, recipe, rank: int, world: int):
     """Every rank: its vLLM engine (external launcher) on the sampler checkpoint that rank 0 writes."""
-    from minite.engines.vllm.engine import VLLMSampler
     from minite.engines.vllm.hf_export import write_sampler_checkpoint
+    from minite.rl.rollout import vllm_sampler
 
     tp, _ = vllm_layout(cfg.sampler, world)
     sampler_dir = Path(cfg.out_dir) / "sampler_checkpoint"
@@ -172,12 +172,10 @@ def make_colocated_vllm(cfg, recipe, rank: int, world: int):
         write_sampler_checkpoint(cfg.model_dir, sampler_dir, recipe)
     dist.barrier()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return VLLMSampler(
-        sampler_dir,
+    return vllm_sampler(
+        cfg,
         recipe,
-        dtype=cfg.sampler.dtype,
-        seed=cfg.seed,
-        max_model_len=cfg.sampler.max_model_len,
+        sampler_dir,
         distributed_executor_backend="external_launcher",
         tensor_parallel_size=tp,
         **memory_kwargs(cfg.sampler, local_world),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,20 +65,32 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
             "launcher (one engine per torchrun rank: `minite train-dist`), not in one process "
             "(docs/cluster.md)"
         )
-    from minite.engines.vllm.engine import VLLMSampler
     from minite.engines.vllm.hf_export import write_sampler_checkpoint
 
     # vLLM starts from an HF directory that carries the recipe's quantization_config (the plugin's
     # switch); the weights in it are replaced by the first weight sync before any generation
     sampler_dir = write_sampler_checkpoint(cfg.model_dir, Path(cfg.out_dir) / "sampler_checkpoint", recipe)
+    return vllm_sampler(
+        cfg,
+        recipe,
+        sampler_dir,
+        learner_on_device=resolve_device(cfg.device).type == "cuda",
+        **cfg.sampler.engine_kwargs(),
+    )
+
+
+def vllm_sampler(cfg: TrainConfig, recipe, sampler_dir: Path, **engine: Any):
+    """The vLLM engine of `cfg.sampler` on the checkpoint `sampler_dir`; `engine`: how this process runs
+    it (one process: `make_sampler`; one engine per rank: minite.distributed.ranks.make_colocated_vllm)."""
+    from minite.engines.vllm.engine import VLLMSampler
+
     return VLLMSampler(
         sampler_dir,
         recipe,
         dtype=cfg.sampler.dtype,
         seed=cfg.seed,
         max_model_len=cfg.sampler.max_model_len,
-        learner_on_device=resolve_device(cfg.device).type == "cuda",
-        **cfg.sampler.engine_kwargs(),
+        **engine,
     )
 
 
