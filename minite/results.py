@@ -1,7 +1,8 @@
 """Published results are renderings of records: every results/**/*.md is made from a JSON record beside it.
 
 A record is the JSON a measurement wrote (`minite bench learner|rollout|attention`, `minite
-bench-kernels`, `minite bench-scaling`, `minite claims`, scripts/gpu/h200_rl.sh, scripts/gpu/paper_h200.sh)
+bench-kernels`, `minite bench-scaling`, `minite claims`, scripts/gpu/h200_rl.sh, scripts/gpu/paper_h200.sh,
+scripts/gpu/claims_h200.sh)
 or, for a report written around numbers read
 from logs and other files, a *document* record (`<name>.record.json`) that holds those numbers as
 tables and the words around them as `notes`, with `source` naming the committed log or JSON each
@@ -38,7 +39,7 @@ def record_path(md: Path) -> Path:
 
 def kind_of(record: dict[str, Any]) -> str:
     """Which renderer a record takes, from the keys its writer gives it."""
-    if record.get("kind") in ("learner", "rollout", "document", "rl_h200", "paper_h200"):
+    if record.get("kind") in ("learner", "rollout", "document", "rl_h200", "paper_h200", "claims_h200"):
         return record["kind"]
     if record.get("kind") == "learner_scaling_set":
         return "scaling"
@@ -54,7 +55,7 @@ def kind_of(record: dict[str, Any]) -> str:
 def commit_of(record: dict[str, Any]) -> str | None:
     """The code commit the record was measured at."""
     kind = kind_of(record)
-    if kind in ("document", "claims"):
+    if kind in ("document", "claims", "claims_h200"):
         return record.get("commit")
     if kind in ("rl_h200", "paper_h200"):
         return record.get("git_commit")
@@ -67,7 +68,7 @@ def commit_of(record: dict[str, Any]) -> str | None:
 def date_of(record: dict[str, Any]) -> str | None:
     """When the record was measured (ISO date or date-time, as its writer gave it)."""
     kind = kind_of(record)
-    if kind in ("document", "claims", "rl_h200", "paper_h200"):
+    if kind in ("document", "claims", "rl_h200", "paper_h200", "claims_h200"):
         return record.get("date")
     if kind == "scaling":
         return record["runs"][0]["environment"].get("date")
@@ -235,6 +236,29 @@ def paper_h200_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def claims_h200_markdown(report: dict[str, Any]) -> str:
+    """One GPU call of scripts/gpu/claims_h200.sh: the concurrency, the runs per minute and every run."""
+    c = report["concurrency"]
+    lines = [
+        f"# claims on one GPU: {report['name']}",
+        "",
+        f"GPU {report['gpu']}; commit {report['commit']}; {report['date']}; {report['total_s']} s in all.",
+        f"Prepare: {json.dumps(report['prepare_summary'])}.",
+        f"Concurrency {c['n']}: {c['runs_finished']} runs finished in {c['rl_wall_s']} s of RL "
+        f"({c['runs_per_min']} runs/min, {c['steps_per_min']} steps/min).",
+        "",
+        "| arm | seed | status | steps | wall s | step s | rc |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {r.get('status')} | {r.get('steps_done', '')} | "
+            f"{r.get('wall_s', '')} | {r.get('step_s', '')} | {r.get('rc', '')} |"
+        )
+    lines += ["", f"Packed: {', '.join(report['packed']) or 'nothing'}.", ""]
+    return "\n".join(lines)
+
+
 def _bench(name: str) -> Callable[[dict[str, Any]], str]:
     def render(record: dict[str, Any]) -> str:
         if name == "learner":
@@ -260,6 +284,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "document": document,
     "rl_h200": rl_h200_markdown,
     "paper_h200": paper_h200_markdown,
+    "claims_h200": claims_h200_markdown,
 }
 
 

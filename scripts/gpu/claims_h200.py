@@ -258,34 +258,14 @@ def pack(
             for f in sorted((work / name / "runs" / arm).glob("*")):
                 tar.add(f, arcname=f"{name}/runs/{arm}/{f.name}")
     (out / f"{REPORT}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (out / f"{REPORT}.md").write_text(markdown(report))
+    from minite.results import render_record
+
+    (out / f"{REPORT}.md").write_text(render_record(report, f"{REPORT}.json"))
     files = [p for p in out.iterdir() if p.is_file()]
     big = [f"{p.name} ({p.stat().st_size:,} bytes)" for p in files if p.stat().st_size > MAX_FILE_BYTES]
     if len(files) > MAX_FILES or big:
         raise SystemExit(f"claims_h200: {len(files)} files in {out} (at most {MAX_FILES}), too large: {big}")
     return files
-
-
-def markdown(report: dict[str, Any]) -> str:
-    c = report["concurrency"]
-    lines = [
-        f"# claims on one GPU: {report['name']}",
-        "",
-        f"GPU {report['gpu']}; commit {report['commit']}; {report['date']}; {report['total_s']} s in all.",
-        f"Prepare: {json.dumps(report['prepare_summary'])}.",
-        f"Concurrency {c['n']}: {c['runs_finished']} runs finished in {c['rl_wall_s']} s of RL "
-        f"({c['runs_per_min']} runs/min, {c['steps_per_min']} steps/min).",
-        "",
-        "| arm | seed | status | steps | wall s | step s | rc |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in report["runs"]:
-        lines.append(
-            f"| {r['arm']} | {r['seed']} | {r.get('status')} | {r.get('steps_done', '')} | "
-            f"{r.get('wall_s', '')} | {r.get('step_s', '')} | {r.get('rc', '')} |"
-        )
-    lines += ["", f"Packed: {', '.join(report['packed']) or 'nothing'}.", ""]
-    return "\n".join(lines)
 
 
 def gpu_name() -> str:

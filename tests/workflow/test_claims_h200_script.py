@@ -171,7 +171,8 @@ def test_packing_refuses_more_files_than_a_gpu_call_returns(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     (work / "p" / "runs" / "bf16").mkdir(parents=True)
     (work / "p" / "runs" / "bf16" / "train.yaml").write_text("steps: 1\n")
-    report = {"name": "p", "gpu": "-", "commit": "-", "date": "-", "total_s": 0, "prepare_summary": {},
+    report = {"kind": "claims_h200", "name": "p", "gpu": "-", "commit": "-", "date": "-", "total_s": 0,
+              "prepare_summary": {},
               "concurrency": {"n": 1, "runs_finished": 0, "rl_wall_s": 0, "runs_per_min": 0,
                               "steps_per_min": 0}, "runs": [], "packed": []}  # fmt: skip
     files = D.pack(out, work, "p", ["bf16"], [], report)
