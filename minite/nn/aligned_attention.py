@@ -26,7 +26,7 @@ rotary dim). With `enforce_eager` the custom-op mode is "all", so the module dis
       v[j + d/2] = bf16( fp32(y·c) + fp32(x·s) )
   i.e. fp32 arithmetic rounded once to bf16: to nearest even on AVX-512 CPUs, toward zero on AVX2 ones
   (its AVX2 fp32 -> bf16 conversion truncates; measured on an AVX2 AMD EPYC, where about half the outputs
-  are one ulp below nearest-even; tests/nn/test_rope_attention.py). The products of two bf16 numbers
+  are one ulp below nearest-even; tests/nn/test_aligned_attention.py). The products of two bf16 numbers
   are exact in fp32, so whether the compiler contracts a product into an FMA does not matter: the
   result is round_bf16(round_fp32(x·c − y·s)).
 - transformers (`apply_rotary_pos_emb`) instead computes q·cos + rotate_half(q)·sin in bf16 tensors:
@@ -64,7 +64,7 @@ The aligned arithmetic
 
 `rope = "fp32"`: vLLM's CPU arithmetic above, as `rope_cos_sin_table` + `apply_rope_fp32`, run by both
 engines (transformers via `AlignedAttention`, vLLM through minite.engines.vllm's module swap; on CPU
-vLLM's own op computes exactly the same, which tests/nn/test_rope_attention.py checks bit for bit). On
+vLLM's own op computes exactly the same, which tests/nn/test_aligned_attention.py checks bit for bit). On
 CUDA, without autograd, one kernel (minite.kernels.rope) computes the same bits as the torch ops.
 
 `attention = "fixed"` (minite.nn.attention_fixed): one attention algorithm that both engines run in every

@@ -39,7 +39,7 @@ Choices, and why:
 - `rope="fp32"`: each attention module's `rotary_emb` is replaced by `_Fp32Rope`
   (minite.nn.aligned_attention's table and arithmetic, the code the trainer runs). vLLM's own CPU
   rotary op computes the same float32 values; it rounds them to bf16 to nearest even on AVX-512 CPUs but
-  toward zero on AVX2 ones (tests/nn/test_rope_attention.py). The swap makes the trainer's rounding hold
+  toward zero on AVX2 ones (tests/nn/test_aligned_attention.py). The swap makes the trainer's rounding hold
   on every platform. The module is replaced on this model's attention layers only: vLLM caches rotary
   modules process-wide (`get_rope`), so the shared instance itself is never modified.
 - `attention="fixed"`: each attention layer's backend implementation gets instance-level `forward` /
