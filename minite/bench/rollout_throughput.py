@@ -1,6 +1,6 @@
 """Rollout (decode) throughput of every recipe's sampler on one device (`minite bench rollout`).
 
-The model, either of two (as `minite bench learner`, see minite.bench.learner.resolve_source):
+The model, either of two (as `minite bench learner`, see minite.bench.model.resolve_source):
 `--model-dir DIR`, a Qwen3-MoE checkpoint folder (the workflow's throughput_rollout rule: the profile's
 prepared base model; its weights reach the sampler through the recipe's weight path from the
 trainer-side policy, as in RL), or `--shape qwen3-30b-a3b --layers N|auto` (or `--shape toy`), built with
