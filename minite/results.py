@@ -239,24 +239,24 @@ def paper_h200_markdown(report: dict[str, Any]) -> str:
 def claims_h200_markdown(report: dict[str, Any]) -> str:
     """One GPU call of scripts/gpu/claims_h200.sh: the concurrency, the runs per minute and every run."""
     c = report["concurrency"]
-    lines = [
-        f"# claims on one GPU: {report['name']}",
-        "",
-        f"GPU {report['gpu']}; commit {report['commit']}; {report['date']}; {report['total_s']} s in all.",
-        f"Prepare: {json.dumps(report['prepare_summary'])}.",
+    head = (
+        f"# claims on one GPU: {report['name']}\n\n"
+        f"GPU {report['gpu']}; commit {report['commit']}; {report['date']}; {report['total_s']} s in all.\n"
+        f"Prepare: {json.dumps(report['prepare_summary'])}.\n"
         f"Concurrency {c['n']}: {c['runs_finished']} runs finished in {c['rl_wall_s']} s of RL "
-        f"({c['runs_per_min']} runs/min, {c['steps_per_min']} steps/min).",
-        "",
-        "| arm | seed | status | steps | wall s | step s | rc |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in report["runs"]:
-        lines.append(
-            f"| {r['arm']} | {r['seed']} | {r.get('status')} | {r.get('steps_done', '')} | "
-            f"{r.get('wall_s', '')} | {r.get('step_s', '')} | {r.get('rc', '')} |"
-        )
-    lines += ["", f"Packed: {', '.join(report['packed']) or 'nothing'}.", ""]
-    return "\n".join(lines)
+        f"({c['runs_per_min']} runs/min, {c['steps_per_min']} steps/min).\n\n"
+    )
+    table = {
+        "header": ["arm", "seed", "status", "steps", "wall s", "step s", "mean gap", "last eval", "rc"],
+        "align": ["---"] * 9,
+        "rows": [
+            [r["arm"], r["seed"], r.get("status"), r.get("steps_done", ""), r.get("wall_s", ""),
+             r.get("step_s", ""), _v(r.get("gap"), ".3g"), _v(r.get("eval"), ".3f"), r.get("rc", "")]
+            for r in report["runs"]
+        ],
+    }  # fmt: skip
+    packed = ", ".join(report["packed"]) or "nothing"
+    return head + "\n".join(table_lines(table)) + f"\n\nPacked: {packed}.\n"
 
 
 def _bench(name: str) -> Callable[[dict[str, Any]], str]:

@@ -171,6 +171,15 @@ def run_status(run: Path, steps: int) -> tuple[str, int]:
     return "finished", done
 
 
+def gap_and_eval(run: Path) -> tuple[float | None, float | None]:
+    """The run's mean trainer/sampler gap over its steps and its last in-loop greedy accuracy: what a
+    next call calibrates the positive control's noise from, and a first look at the arms."""
+    rows = _jsonl(run / "metrics.jsonl")
+    gaps = [r["mismatch/logp_abs_diff_mean"] for r in rows if "mismatch/logp_abs_diff_mean" in r]
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    return (float(f"{statistics.fmean(gaps):.4g}") if gaps else None), (evals[-1] if evals else None)
+
+
 def step_seconds(run: Path) -> float | None:
     """Median step time of a run after its first step (which compiles kernels)."""
     times = [r["time/step_s"] for r in _jsonl(run / "metrics.jsonl")[1:] if "time/step_s" in r]
@@ -321,7 +330,8 @@ def main(argv: list[str]) -> int:
         if "rc" not in r:
             continue
         status, done = run_status(run, steps)
-        r.update(status=status, steps_done=done, step_s=step_seconds(run))
+        gap, last_eval = gap_and_eval(run)
+        r.update(status=status, steps_done=done, step_s=step_seconds(run), gap=gap, eval=last_eval)
         steps_total += done
         if r.get("step_s") is not None:
             arm_step.setdefault(r["arm"], []).append(r["step_s"])
