@@ -505,6 +505,13 @@ if HAS_TRITON:
         return k_lo, k_hi
 
     @triton.jit
+    def _span(pid, BLOCK: tl.constexpr, n):
+        """Program pid's BLOCK indices pid · BLOCK + [0, BLOCK) along an axis of length n, and their mask
+        (index < n): a tile's rows or columns."""
+        idx = pid * BLOCK + tl.arange(0, BLOCK)
+        return idx, idx < n
+
+    @triton.jit
     def _row_pointers(q_ptr, s_ptr, r, mask, stride_q, stride_s, BLOCK_K: tl.constexpr):
         """Pointers (rows, BLOCK_K // 2) to the packed bytes and (rows, BLOCK_K // 16) to the scale bytes
         of element 0 of rows r, the layout `_w4a4_mainloop` takes. A row past the end (mask False) reads

@@ -65,7 +65,7 @@ LOG2E = 1.4426950408889634
 LAUNCHED: dict[str, object] = {}
 
 if HAS_TRITON:
-    from ._triton import _bf16_round, _split_k_release, _split_k_ticket, _store_out
+    from ._triton import _bf16_round, _span, _split_k_release, _split_k_ticket, _store_out
 
     @triton.jit
     def _dot(a, b, INTERP: tl.constexpr):
@@ -250,8 +250,7 @@ if HAS_TRITON:
         b = (pid_bh // HQ).to(tl.int64)
         h = (pid_bh % HQ).to(tl.int64)
         kvh = h // G
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = rows < L
+        rows, rmask = _span(pid_m, BLOCK_M, L)
         cols = tl.arange(0, D)
         start, q0 = _row_window(kvs_ptr, qs_ptr, b, kv_start0, q_start0, KV_START_T, Q_START_T)
         qpos = q0 + rows

@@ -21,6 +21,7 @@ from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_tr
 from .attention import LAUNCHED, LOG2E
 
 if HAS_TRITON:
+    from ._triton import _span
     from .attention import _dot, _dot_acc, _p_operand
 
     @triton.jit
@@ -31,8 +32,7 @@ if HAS_TRITON:
         pid_bh = tl.program_id(1)
         b = (pid_bh // HQ).to(tl.int64)
         h = (pid_bh % HQ).to(tl.int64)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = rows < L
+        rows, rmask = _span(pid_m, BLOCK_M, L)
         cols = tl.arange(0, D)
         r64 = rows[:, None].to(tl.int64)
         o = tl.load(o_ptr + b * sob + h * soh + r64 * sol + cols[None, :], mask=rmask[:, None], other=0.0)
@@ -118,8 +118,7 @@ if HAS_TRITON:
         b = (pid_bkv // HKV).to(tl.int64)
         kvh = (pid_bkv % HKV).to(tl.int64)
         n0 = pid_n * BLOCK_N
-        keys = n0 + tl.arange(0, BLOCK_N)
-        kmask = keys < L
+        keys, kmask = _span(pid_n, BLOCK_N, L)
         cols = tl.arange(0, D)
         k64 = keys[:, None].to(tl.int64)
         k = tl.load(k_ptr + b * skb + kvh * skh + k64 * sks + cols[None, :], mask=kmask[:, None], other=0.0)
@@ -209,8 +208,7 @@ if HAS_TRITON:
         h = (pid_bh % HQ).to(tl.int64)
         kvh = h // G
         m0 = pid_m * BLOCK_M
-        rows = m0 + tl.arange(0, BLOCK_M)
-        rmask = rows < L
+        rows, rmask = _span(pid_m, BLOCK_M, L)
         cols = tl.arange(0, D)
         r64 = rows[:, None].to(tl.int64)
         q = tl.load(q_ptr + b * sqb + h * sqh + r64 * sql + cols[None, :], mask=rmask[:, None], other=0.0)

@@ -20,7 +20,7 @@ from ._launch import _locks
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _split_k_release, _split_k_ticket, _split_k_total, _store_out
+    from ._triton import _span, _split_k_release, _split_k_ticket, _split_k_total, _store_out
 
     @triton.jit
     def _bf16_partial(a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN):
@@ -69,11 +69,9 @@ if HAS_TRITON:
         split puts enough programs on the SMs). Both give the same bits."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm, mmask = _span(pid_m, BLOCK_M, M)
+        rn, nmask = _span(pid_n, BLOCK_N, N)
         rk = tl.arange(0, BLOCK_K)
-        mmask = rm < M
-        nmask = rn < N
         a_ptrs = a_ptr + tl.where(mmask, rm, 0).to(tl.int64)[:, None] * stride_am + rk[None, :]
         b_ptrs = b_ptr + tl.where(nmask, rn, 0).to(tl.int64)[:, None] * stride_bn + rk[None, :]
         last = True

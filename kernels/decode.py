@@ -42,7 +42,7 @@ from ._launch import split_buffers, split_plan, w4a4_args
 from ._triton import HAS_TRITON, interpret_mode, out_arg, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _asm_pair, _dequant_half, _e4m3_to_f16_x32, _load_k_step, _store_tile
+    from ._triton import _asm_pair, _dequant_half, _e4m3_to_f16_x32, _load_k_step, _span, _store_tile
 
 DECODE_MAX_M = 16  # rows handled by the decode kernel (one MMA row tile)
 
@@ -203,10 +203,8 @@ if HAS_TRITON:
         pid_k = tl.program_id(1)
         HK: tl.constexpr = BLOCK_K // KS // 2
         SK: tl.constexpr = HK // 8
-        rm = tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = rm < M
-        nmask = rn < N
+        rm, mmask = _span(0, BLOCK_M, M)  # the one row tile
+        rn, nmask = _span(pid_n, BLOCK_N, N)
         ra = tl.where(mmask, rm, 0).to(tl.int64)  # rows past the end read row 0, never stored
         rb = tl.where(nmask, rn, 0).to(tl.int64)
         sl = tl.arange(0, KS)

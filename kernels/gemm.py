@@ -70,6 +70,7 @@ if HAS_TRITON:
         _k_order,
         _k_range,
         _row_pointers,
+        _span,
         _store_tile,
         _w4a4_tile,
         _w4a4_tile_serial_split,
@@ -300,10 +301,8 @@ if HAS_TRITON:
             size_m = tl.minimum(num_m - first_m, GROUP_M)
             pid_m = first_m + (pid % width) % size_m
             pid_n = (pid % width) // size_m
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = rm < M
-        nmask = rn < N
+        rm, mmask = _span(pid_m, BLOCK_M, M)
+        rn, nmask = _span(pid_n, BLOCK_N, N)
         a_q, a_s = _row_pointers(aq_ptr, as_ptr, rm, mmask, stride_aq, stride_as, BLOCK_K)
         b_q, b_s = _row_pointers(bq_ptr, bs_ptr, rn, nmask, stride_bq, stride_bs, BLOCK_K)
         ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om)
@@ -345,10 +344,8 @@ if HAS_TRITON:
     ):
         """out = acc · 2^18 · s_dec_a · s_dec_b (+ bias) for the float32 (M, N) product in acc_ptr
         (the cuBLAS path's GEMM output)."""
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = rm < M
-        nmask = rn < N
+        rm, mmask = _span(tl.program_id(0), BLOCK_M, M)
+        rn, nmask = _span(tl.program_id(1), BLOCK_N, N)
         offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
         acc = tl.load(acc_ptr + offs, mask=mmask[:, None] & nmask[None, :], other=0.0)
         ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om)
@@ -372,10 +369,9 @@ if HAS_TRITON:
         fused kernel's order instead, K step (BLOCK_K) by K step, each step's low half then its high half
         in `_k_order`, zero-padded to whole steps (rows OUT_W wide): what `_f16_mainloop` reads."""
         HK: tl.constexpr = BLOCK_K // 2
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows, rmask = _span(tl.program_id(0), BLOCK_R, R)
         kb = tl.program_id(1) * HK + tl.arange(0, HK)
         ks = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
-        rmask = rows < R
         r64 = rows.to(tl.int64)[:, None]
         p = tl.load(
             q_ptr + r64 * (K // 2) + kb[None, :], mask=rmask[:, None] & (kb < K // 2)[None, :], other=0

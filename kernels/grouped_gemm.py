@@ -35,7 +35,7 @@ from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, out_arg, requir
 from .gemm import GemmConfig, check_nvfp4, rows_of
 
 if HAS_TRITON:
-    from ._triton import _decode_scale, _row_pointers, _store_out, _w4a4_tile
+    from ._triton import _decode_scale, _row_pointers, _span, _store_out, _w4a4_tile
 
 # The plain many-rows wgmma tile: no config picks it (grouped_config's short- and long-K tiles are faster
 # with the same bits), it is the reference the bit-equality tests hold every grouped config to and the
@@ -144,9 +144,8 @@ if HAS_TRITON:
         m_start = tl.load(offs_ptr + e) + (pid_m - first_tile) * BLOCK_M
         m_end = tl.where(valid, tl.load(offs_ptr + e + 1), 0)
         rm = m_start + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mmask = rm < m_end
-        nmask = rn < N
+        rn, nmask = _span(pid_n, BLOCK_N, N)
         e64 = e.to(tl.int64)
         a_q, a_s = _row_pointers(aq_ptr, as_ptr, rm, mmask, stride_aq, stride_as, BLOCK_K)
         b_q, b_s = _row_pointers(
@@ -204,10 +203,8 @@ if HAS_TRITON:
         pid_n = pid % num_n
         t_lo = tl.multiple_of(tl.load(poffs_ptr + e).to(tl.int32), 16)
         t_hi = tl.multiple_of(tl.load(poffs_ptr + e + 1).to(tl.int32), 16)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = rm < RA
-        nmask = rn < RB
+        rm, mmask = _span(pid_m, BLOCK_M, RA)
+        rn, nmask = _span(pid_n, BLOCK_N, RB)
         a_q, a_s = _row_pointers(aq_ptr, as_ptr, rm, mmask, stride_aq, stride_as, BLOCK_K)
         b_q, b_s = _row_pointers(bq_ptr, bs_ptr, rn, nmask, stride_bq, stride_bs, BLOCK_K)
         # EVEN_K: expert segments padded to whole K steps (nvfp4_quantize_segments_t(align=...))

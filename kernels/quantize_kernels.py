@@ -18,6 +18,7 @@ if HAS_TRITON:
         _e4m3_rne,
         _max_nan,
         _s_enc_from_amax,
+        _span,
     )
 
 
@@ -203,9 +204,8 @@ if HAS_TRITON:
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
         pid_b = tl.program_id(2).to(tl.int64)
-        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows, rmask = _span(pid_r, BLOCK_R, R)
         cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        rmask = rows < R
         if COLMAP:
             src = tl.load(colmap_ptr + cols, mask=cols < C, other=-1)
             cvalid = src >= 0
@@ -423,10 +423,9 @@ if HAS_TRITON:
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
         pid_b = tl.program_id(2).to(tl.int64)
-        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        blocks = pid_c * BLOCK_NB + tl.arange(0, BLOCK_NB)
-        rmask = rows < R
-        bmask = rmask[:, None] & (blocks < NB)[None, :]
+        rows, rmask = _span(pid_r, BLOCK_R, R)
+        blocks, blocks_in = _span(pid_c, BLOCK_NB, NB)
+        bmask = rmask[:, None] & blocks_in[None, :]
         mask = bmask[:, :, None]
         if GATHER:
             src = tl.load(src_ptr + rows, mask=rmask, other=0).to(tl.int64)

@@ -46,7 +46,7 @@ SPREAD_ROWS = 64
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
-    from ._triton import _split_k_release, _split_k_ticket, _split_k_total
+    from ._triton import _span, _split_k_release, _split_k_ticket, _split_k_total
 
     @triton.jit
     def _router_logits_kernel(
@@ -73,11 +73,9 @@ if HAS_TRITON:
         one program walking the chunks: the same bits)."""
         pid_m = tl.program_id(0)
         pid_e = tl.program_id(1)
-        rm = pid_m * BLOCK_R + tl.arange(0, BLOCK_R)
-        re = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+        rm, mmask = _span(pid_m, BLOCK_R, M)
+        re, emask = _span(pid_e, BLOCK_E, E)
         rk = tl.arange(0, BLOCK_K)
-        mmask = rm < M
-        emask = re < E
         h_ptrs = h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rk[None, :]
         w_ptrs = w_ptr + re.to(tl.int64)[:, None] * stride_we + rk[None, :]
         acc = tl.zeros((BLOCK_R, BLOCK_E), dtype=tl.float32)
@@ -124,10 +122,8 @@ if HAS_TRITON:
     ):
         """Per row: p = softmax(x) in float32, the K largest p in descending order with ties to the lowest
         index (a stable descending sort's first K), optionally divided by their sum."""
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.arange(0, E_POW2)
-        rmask = rows < M
-        cmask = cols < E
+        rows, rmask = _span(tl.program_id(0), BLOCK_R, M)
+        cols, cmask = _span(0, E_POW2, E)  # every expert in one tile
         x = tl.load(
             x_ptr + rows.to(tl.int64)[:, None] * stride_x + cols[None, :],
             mask=rmask[:, None] & cmask[None, :],

@@ -28,7 +28,7 @@ from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, r
 ROUTE_MAX_PAIRS = 4096  # one program sorts this many (token, slot) pairs; more go to torch's sort
 
 if HAS_TRITON:
-    from ._triton import _bf16_round, _store_out
+    from ._triton import _bf16_round, _span, _store_out
 
     @triton.jit
     def _route_kernel(
@@ -79,8 +79,7 @@ if HAS_TRITON:
         # rank of each slot among the token's experts, ties by slot (a stable argsort of the ids)
         before = (e[None, :] < e[:, None]) | ((e[None, :] == e[:, None]) & (s[None, :] < s[:, None]))
         rank = tl.sum((before & sm[None, :]).to(tl.int32), axis=1)
-        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        cm = cols < D
+        cols, cm = _span(tl.program_id(1), BLOCK_D, D)
         acc = tl.zeros((BLOCK_D,), tl.float32)
         for r in tl.static_range(A):
             pick = (rank == r) & sm
