@@ -1,5 +1,6 @@
-"""Host-side launch helpers the W4A4 GEMM kernels share: the split-K plan, its workspace and ticket
-counters, and the positional arguments of the dense kernels.
+"""Host-side helpers the kernels' wrappers share: operand views with a unit last stride, and for the
+split-K launches (W4A4, bf16, router) the split plan, its workspace and ticket counters, and the
+positional arguments of the dense W4A4 kernels.
 
 Split-K (few rows, where the tiles along N alone leave SMs idle): K is cut into `split` shares of
 whole K steps, each program sums its share into a float32 partial tile, and the tile's last program
@@ -38,6 +39,17 @@ def _locks(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy of it when its last dimension is strided: the kernels step along that
+    dimension with unit strides (a row's elements next to each other)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def rows_view(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x (..., k) as (rows, k), every leading dimension a row, with a unit column stride (`unit_stride`)."""
+    return unit_stride(x.reshape(-1, k))
+
+
 def split_plan(k: int, split: int, block_k: int) -> tuple[int, int]:
     """(K per share, shares) for a requested split of K: whole K steps a share (the last may be short),
     and a share with nothing to add dropped."""
@@ -61,4 +73,4 @@ def w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_p
     return (*ptrs, m, n, k, k_per, aq.stride(0), as_.stride(0), bq.stride(0), bs_.stride(0), stride_om, m * n)
 
 
-__all__ = ["split_buffers", "split_plan", "w4a4_args"]
+__all__ = ["rows_view", "split_buffers", "split_plan", "unit_stride", "w4a4_args"]

@@ -53,7 +53,7 @@ import math
 
 import torch
 
-from ._launch import _locks
+from ._launch import _locks, unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 BLOCK_N = 64  # keys per block: part of the algorithm (the trainer and the sampler must agree)
@@ -462,9 +462,7 @@ def _prepare(q, k, v, kv_start, q_start, what: str):
     if why is not None:
         raise why[0](f"{what}: {why[1]}")
     check_device(what, q, k, v)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    q, k, v = (unit_stride(t) for t in (q, k, v))
     b, lq, s = q.shape[0], q.shape[2], k.shape[2]
     kvs_t, kvs0 = _window(kv_start, b, q.device, "kv_start")
     if q_start is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ._launch import unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
 from .attention import LAUNCHED, LOG2E
 
@@ -256,7 +257,7 @@ def attention_backward(
     (b, hq, lq, d), (hkv, s) = q.shape, k.shape[1:3]
     if lq != s:
         raise ValueError(f"{what}: the trainer's case only (L == S), got L = {lq}, S = {s}")
-    q, k, v, out, grad = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, out, grad))
+    q, k, v, out, grad = (unit_stride(t) for t in (q, k, v, out, grad))
     # gradients laid out as their inputs usually are, (B, L, H, d) viewed heads-first
     dq = empty((b, lq, hq, d), q.dtype, q.device).transpose(1, 2)
     dk = empty((b, s, hkv, d), k.dtype, k.device).transpose(1, 2)

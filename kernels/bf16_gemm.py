@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._launch import _locks
+from ._launch import _locks, rows_view, unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
@@ -141,10 +141,7 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ValueError(f"linear_bf16: bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
     check_device("linear_bf16", x, weight, bias)
     n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    w = weight if weight.stride(-1) == 1 else weight.contiguous()
+    x2, w = rows_view(x, k), unit_stride(weight)
     m = x2.shape[0]
     out = empty((m, n), x.dtype, x.device)
     if m and n:

@@ -49,7 +49,7 @@ import torch
 from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._launch import split_buffers, split_plan, w4a4_args
+from ._launch import rows_view, split_buffers, split_plan, w4a4_args
 from ._triton import (
     HAS_TRITON,
     check_device,
@@ -414,13 +414,8 @@ def check_nvfp4(t: NVFP4Tensor, name: str) -> None:
 def rows_of(t: NVFP4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """2-D row-major views (rows, K/2), (rows, K/16) and the global scale as a scalar or a per-row
     vector (True when per row)."""
-    k2 = t.qdata.shape[-1]
-    q = t.qdata.reshape(-1, k2)
-    s = t.scale.view(torch.uint8).reshape(-1, t.scale.shape[-1])
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if s.stride(-1) != 1:
-        s = s.contiguous()
+    q = rows_view(t.qdata, t.qdata.shape[-1])
+    s = rows_view(t.scale.view(torch.uint8), t.scale.shape[-1])
     gs = t.global_scale
     if gs.numel() == 1:
         return q, s, gs.reshape(1).contiguous(), False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ._launch import rows_view
 from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
@@ -61,9 +62,7 @@ def rms_norm_fp32(
     if weight is not None and tuple(weight.shape) != (d,):
         raise ValueError(f"rms_norm_fp32: weight must be ({d},), got {tuple(weight.shape)}")
     check_device("rms_norm_fp32", x, weight)
-    x2 = x.reshape(-1, d)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = rows_view(x, d)
     rows = x2.shape[0]
     y = empty((rows, d), x.dtype, x.device)
     rstd = empty((rows,), torch.float32, x.device)

@@ -74,6 +74,7 @@ from minite.numerics.nvfp4 import (
     global_encode_scale,
 )
 
+from ._launch import unit_stride
 from ._triton import CONSTS, HAS_TRITON, check_device, empty, interpret_mode, require_triton, triton
 
 if HAS_TRITON:
@@ -152,8 +153,7 @@ class _Problem:
         else:
             if x3.ndim != 3:  # (..., K): every leading dim is a row
                 x3 = x.reshape(1, -1, x.shape[-1])
-            if x3.stride(-1) != 1:
-                x3 = x3.contiguous()
+            x3 = unit_stride(x3)
             self.b, self.r, self.c = x3.shape
             self.stride_b, self.stride_r, self.stride_c = x3.stride()
         self.x = x3

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ._launch import _locks
+from ._launch import _locks, rows_view, unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
 
 # The tile: constants, because the summation order follows them (never pick them by M). H200, 2048 -> 128
@@ -170,10 +170,7 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"router_logits_fp32: float operands only, got {h.dtype} and {w.dtype}")
     check_device("router_logits_fp32", h, w)
     k, e = w.shape[1], w.shape[0]
-    h2 = h.reshape(-1, k)
-    if h2.stride(-1) != 1:
-        h2 = h2.contiguous()
-    w2 = w if w.stride(-1) == 1 else w.contiguous()
+    h2, w2 = rows_view(h, k), unit_stride(w)
     m = h2.shape[0]
     out = empty((m, e), torch.float32, h.device)
     if m and e:
@@ -222,7 +219,7 @@ def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Ten
     if not 1 <= k <= e or e > ROUTE_MAX_EXPERTS:
         raise ValueError(f"route_topk: need 1 <= k <= E <= {ROUTE_MAX_EXPERTS}, got k={k}, E={e}")
     check_device("route_topk", logits)
-    x = logits if logits.stride(-1) == 1 else logits.contiguous()
+    x = unit_stride(logits)
     vals = empty((m, k), torch.float32, x.device)
     ids = empty((m, k), torch.int64, x.device)
     if m:

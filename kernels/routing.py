@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ._launch import unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 ROUTE_MAX_PAIRS = 4096  # one program sorts this many (token, slot) pairs; more go to torch's sort
@@ -164,7 +165,7 @@ def combine_routed(
     out = empty((t, d), out_dtype, y.device)
     if t == 0 or d == 0:
         return out
-    y = y if y.stride(-1) == 1 else y.contiguous()
+    y = unit_stride(y)
     block_d = min(512, triton.next_power_of_2(d))
     out_view, out_bf16 = out_arg(out)
     _combine_kernel[(t, triton.cdiv(d, block_d))](
