@@ -606,19 +606,34 @@ if HAS_TRITON:
         tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
+    def _split_k_sum(acc, sk, tile, pid_k, rows, cols, N, SPLIT_K: tl.constexpr):
+        """Split-K in one launch, for the output tile at rows x cols (rows = (rm, mmask), cols = (rn,
+        nmask)) of an (M, N) output: store `acc` as partial pid_k and take the tile's ticket
+        (`_split_k_ticket`); (last, total): whether this program drew the last ticket, and then the
+        SPLIT_K partials added in order 0, 1, ... (`_split_k_total`; `acc` otherwise). The last program
+        writes the output and then calls `_split_k_release`. sk = (ws_ptr, stride_ws, lock_ptr): the
+        partials' workspace, its plane stride and the tiles' counters."""
+        ws_ptr, stride_ws, lock_ptr = sk
+        rm, mmask = rows
+        rn, nmask = cols
+        offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+        wmask = mmask[:, None] & nmask[None, :]
+        last = _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1
+        if last:
+            total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
+        else:
+            total = acc
+        return last, total
+
+    @triton.jit
     def _store_tile(acc, sk, tile, pid_k, N, rows, cols, ep, SPLIT_K, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16):
         """A W4A4 kernel's output tile: `_gemm_epilogue` on `acc`, or with SPLIT_K > 1 on the sum of the
-        tile's partials, added by its last program in a fixed order (`_split_k_ticket`); sk = (ws_ptr,
+        tile's partials, added by its last program in a fixed order (`_split_k_sum`); sk = (ws_ptr,
         stride_ws, lock_ptr): the partials' workspace, its plane stride and the tiles' counters."""
         if SPLIT_K == 1:
             _gemm_epilogue(acc, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
         else:
-            ws_ptr, stride_ws, lock_ptr = sk
-            rm, mmask = rows
-            rn, nmask = cols
-            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-            wmask = mmask[:, None] & nmask[None, :]
-            if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1:
-                total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
+            last, total = _split_k_sum(acc, sk, tile, pid_k, rows, cols, N, SPLIT_K)
+            if last:
                 _gemm_epilogue(total, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16)
-                _split_k_release(lock_ptr, tile)
+                _split_k_release(sk[2], tile)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ._launch import _locks, rows_view, unit_stride
+from ._launch import rows_view, split_buffers, unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _span, _split_k_release, _split_k_ticket, _split_k_total, _store_out
+    from ._triton import _span, _split_k_release, _split_k_sum, _store_out
 
     @triton.jit
     def _bf16_partial(a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN):
@@ -89,13 +89,8 @@ if HAS_TRITON:
             k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
             acc = _bf16_partial(a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN)
             tile = pid_m * tl.num_programs(1) + pid_n
-            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-            wmask = mmask[:, None] & nmask[None, :]
-            last = _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == SPLIT_K - 1
-            if last:
-                total = _split_k_total(ws_ptr, stride_ws, offs, wmask, SPLIT_K)
-            else:
-                total = acc
+            sk = (ws_ptr, stride_ws, lock_ptr)
+            last, total = _split_k_sum(acc, sk, tile, pid_k, (rm, mmask), (rn, nmask), N, SPLIT_K)
         if last:
             if HAS_BIAS:
                 total = total + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
@@ -150,10 +145,10 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         split, per = k_split(k)
         grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
         multi = few and split > 1
-        ws = empty((split, m, n), torch.float32, x.device) if multi else out
-        lock = _locks(x.device, grid[0] * grid[1]) if multi else out
+        programs_k = split if multi else 1
+        ws, lock = split_buffers(x.device, programs_k, m, n, grid[0] * grid[1], out)
         out_view, out_bf16 = out_arg(out)
-        _gemm_bf16_kernel[(*grid, split if multi else 1)](
+        _gemm_bf16_kernel[(*grid, programs_k)](
             x2,
             w,
             bias if bias is not None else out,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ._launch import _locks, rows_view, unit_stride
+from ._launch import rows_view, split_buffers, unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
 
 # The tile: constants, because the summation order follows them (never pick them by M). H200, 2048 -> 128
@@ -46,7 +46,7 @@ SPREAD_ROWS = 64
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
-    from ._triton import _span, _split_k_release, _split_k_ticket, _split_k_total
+    from ._triton import _span, _split_k_release, _split_k_sum
 
     @triton.jit
     def _router_logits_kernel(
@@ -87,12 +87,11 @@ if HAS_TRITON:
             b = tl.load(w_ptrs + k0, mask=emask[:, None] & kmask, other=0.0).to(tl.float32)
             acc += tl.sum(a[:, None, :] * b[None, :, :], axis=2)
             tile = pid_m * tl.num_programs(1) + pid_e
-            offs = rm.to(tl.int64)[:, None] * E + re[None, :]
-            wmask = mmask[:, None] & emask[None, :]
-            if _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask) == CHUNKS - 1:
-                total = _split_k_total(ws_ptr, stride_ws, offs, wmask, CHUNKS)
+            sk = (ws_ptr, stride_ws, lock_ptr)
+            last, total = _split_k_sum(acc, sk, tile, pid_k, (rm, mmask), (re, emask), E, CHUNKS)
+            if last:
                 o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
-                tl.store(o_ptrs, total, mask=wmask)
+                tl.store(o_ptrs, total, mask=mmask[:, None] & emask[None, :])
                 _split_k_release(lock_ptr, tile)
         else:
             for k0 in range(0, K, BLOCK_K):
@@ -177,9 +176,9 @@ def router_logits_fp32(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         grid = (triton.cdiv(m, BLOCK_R), triton.cdiv(e, BLOCK_E))
         chunks = triton.cdiv(k, BLOCK_K)
         spread = m <= SPREAD_ROWS and chunks > 1
-        ws = empty((chunks, m, e), torch.float32, h.device) if spread else out
-        lock = _locks(h.device, grid[0] * grid[1]) if spread else out
-        _router_logits_kernel[(*grid, chunks if spread else 1)](
+        programs_k = chunks if spread else 1
+        ws, lock = split_buffers(h.device, programs_k, m, e, grid[0] * grid[1], out)
+        _router_logits_kernel[(*grid, programs_k)](
             h2,
             w2,
             out,
