@@ -557,6 +557,35 @@ if HAS_TRITON:
         return total
 
     @triton.jit
+    def _gs_ptrs(gs_ptr, idx, mask, PER_ROW: tl.constexpr):
+        """(pointers, mask) of the global scales of an operand's rows idx for `_apply_scales`: one a row
+        (PER_ROW), else the one scalar (read unmasked)."""
+        if PER_ROW:
+            return gs_ptr + idx, mask
+        else:
+            return gs_ptr + tl.zeros((1,), tl.int32), True
+
+    @triton.jit
+    def _apply_scales(acc, a_gs, b_gs):
+        """acc · 2^18 · s_dec_a · s_dec_b in the reference's order: a W4A4 tile's float32 sums (A Bᵀ ·
+        2^-18, `_w4a4_tile`) as the product of the dequantized operands. a_gs / b_gs = (pointers, mask)
+        of the global scales of the tile's rows of A / of B (`_gs_ptrs`, or one per expert)."""
+        a_ptrs, a_mask = a_gs
+        b_ptrs, b_mask = b_gs
+        out = acc * _ACC_SHIFT
+        out = out * _decode_scale(a_ptrs, a_mask)[:, None]
+        return out * _decode_scale(b_ptrs, b_mask)[None, :]
+
+    @triton.jit
+    def _store_rows(out_ptr, stride_om, rows, cols, v, BF16_BITS):
+        """The float32 tile v stored at out[rm, rn] (rows = (rm, mmask), cols = (rn, nmask), row stride
+        stride_om), masked to the real rows and columns, in the output's dtype (`_store_out`)."""
+        rm, mmask = rows
+        rn, nmask = cols
+        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        _store_out(o_ptrs, v, mmask[:, None] & nmask[None, :], BF16_BITS)
+
+    @triton.jit
     def _gemm_epilogue(acc, rows, cols, ep, A_GS_ROW, B_GS_ROW, HAS_BIAS, OUT_BF16):
         """out = acc · 2^18 · s_dec_a · s_dec_b (+ bias), stored in the output dtype. rows = (rm, mmask),
         cols = (rn, nmask): the tile's output rows and columns; ep = (ags_ptr, bgs_ptr, bias_ptr, out_ptr,
@@ -564,19 +593,11 @@ if HAS_TRITON:
         rm, mmask = rows
         rn, nmask = cols
         ags_ptr, bgs_ptr, bias_ptr, out_ptr, stride_om = ep
-        out = acc * _ACC_SHIFT
-        if A_GS_ROW:
-            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
-        else:
-            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
-        if B_GS_ROW:
-            out = out * _decode_scale(bgs_ptr + rn, nmask)[None, :]
-        else:
-            out = out * _decode_scale(bgs_ptr + tl.zeros((1,), tl.int32), True)[None, :]
+        a_gs = _gs_ptrs(ags_ptr, rm, mmask, A_GS_ROW)
+        out = _apply_scales(acc, a_gs, _gs_ptrs(bgs_ptr, rn, nmask, B_GS_ROW))
         if HAS_BIAS:
             out = out + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
+        _store_rows(out_ptr, stride_om, rows, cols, out, OUT_BF16)
 
     @triton.jit
     def _split_k_ticket(acc, ws_ptr, stride_ws, lock_ptr, tile, pid_k, offs, wmask):

@@ -20,7 +20,7 @@ from ._launch import rows_view, split_buffers, unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, out_arg, require_triton, tl, triton
 
 if HAS_TRITON:
-    from ._triton import _span, _split_k_release, _split_k_sum, _store_out
+    from ._triton import _span, _split_k_release, _split_k_sum, _store_rows
 
     @triton.jit
     def _bf16_partial(a_ptrs, b_ptrs, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, WIDEN):
@@ -94,8 +94,7 @@ if HAS_TRITON:
         if last:
             if HAS_BIAS:
                 total = total + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-            _store_out(o_ptrs, total, mmask[:, None] & nmask[None, :], OUT_BF16)
+            _store_rows(out_ptr, stride_om, (rm, mmask), (rn, nmask), total, OUT_BF16)
             if not SERIAL:
                 _split_k_release(lock_ptr, pid_m * tl.num_programs(1) + pid_n)
 

@@ -31,11 +31,11 @@ import torch
 
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._triton import ACC_SHIFT, HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
+from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
 from .gemm import GemmConfig, check_nvfp4, rows_of
 
 if HAS_TRITON:
-    from ._triton import _decode_scale, _row_pointers, _span, _store_out, _w4a4_tile
+    from ._triton import _apply_scales, _gs_ptrs, _row_pointers, _span, _store_rows, _w4a4_tile
 
 # The plain many-rows wgmma tile: no config picks it (grouped_config's short- and long-K tiles are faster
 # with the same bits), it is the reference the bit-equality tests hold every grouped config to and the
@@ -115,7 +115,6 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
         DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
@@ -156,14 +155,9 @@ if HAS_TRITON:
         acc = _w4a4_tile(
             ops, 0, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ, SWAP_AB
         )
-        out = acc * ACC_SHIFT
-        if A_GS_ROW:
-            out = out * _decode_scale(ags_ptr + rm, mmask)[:, None]
-        else:
-            out = out * _decode_scale(ags_ptr + tl.zeros((1,), tl.int32), True)[:, None]
-        out = out * _decode_scale(bgs_ptr + e64 * stride_bgs_e + rn * stride_bgs_n, nmask)[None, :]
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        _store_out(o_ptrs, out, mmask[:, None] & nmask[None, :], OUT_BF16)
+        a_gs = _gs_ptrs(ags_ptr, rm, mmask, A_GS_ROW)
+        b_gs = (bgs_ptr + e64 * stride_bgs_e + rn * stride_bgs_n, nmask)  # expert e's scales
+        _store_rows(out_ptr, stride_om, (rm, mmask), (rn, nmask), _apply_scales(acc, a_gs, b_gs), OUT_BF16)
 
     @triton.jit
     def _nvfp4_grouped_wgrad_kernel(
@@ -190,7 +184,6 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        ACC_SHIFT: tl.constexpr,
         DEQUANT_ASM: tl.constexpr,
         DEQ: tl.constexpr,
         EVEN_K: tl.constexpr,
@@ -212,11 +205,10 @@ if HAS_TRITON:
         acc = _w4a4_tile(
             ops, t_lo, t_hi, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DEQUANT_ASM, NUM_STAGES, DEQ, False
         )
-        out = acc * ACC_SHIFT
-        out = out * _decode_scale(ags_ptr + e * stride_ags_e + rm * stride_ags_r, mmask)[:, None]
-        out = out * _decode_scale(bgs_ptr + e * stride_bgs_e + rn * stride_bgs_r, nmask)[None, :]
-        o_ptrs = out_ptr + e * stride_oe + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        a_gs = (ags_ptr + e * stride_ags_e + rm * stride_ags_r, mmask)  # expert e's scales of its rows
+        b_gs = (bgs_ptr + e * stride_bgs_e + rn * stride_bgs_r, nmask)
+        out = _apply_scales(acc, a_gs, b_gs)
+        _store_rows(out_ptr + e * stride_oe, stride_om, (rm, mmask), (rn, nmask), out, False)
 
 
 # --- host side -------------------------------------------------------------------------------------------
@@ -347,7 +339,6 @@ def nvfp4_grouped_matmul(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        ACC_SHIFT=ACC_SHIFT,
         DEQUANT_ASM=cfg.use_asm(),
         DEQ=cfg.deq(),
         EVEN_K=k % cfg.block_k == 0,
@@ -417,7 +408,6 @@ def nvfp4_grouped_wgrad(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        ACC_SHIFT=ACC_SHIFT,
         DEQUANT_ASM=cfg.use_asm(),
         DEQ=cfg.deq(),
         EVEN_K=aligned,

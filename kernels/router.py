@@ -46,7 +46,7 @@ SPREAD_ROWS = 64
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
-    from ._triton import _span, _split_k_release, _split_k_sum
+    from ._triton import _span, _split_k_release, _split_k_sum, _store_rows
 
     @triton.jit
     def _router_logits_kernel(
@@ -90,8 +90,7 @@ if HAS_TRITON:
             sk = (ws_ptr, stride_ws, lock_ptr)
             last, total = _split_k_sum(acc, sk, tile, pid_k, (rm, mmask), (re, emask), E, CHUNKS)
             if last:
-                o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
-                tl.store(o_ptrs, total, mask=mmask[:, None] & emask[None, :])
+                _store_rows(out_ptr, stride_om, (rm, mmask), (re, emask), total, False)
                 _split_k_release(lock_ptr, tile)
         else:
             for k0 in range(0, K, BLOCK_K):
@@ -99,8 +98,7 @@ if HAS_TRITON:
                 a = tl.load(h_ptrs + k0, mask=mmask[:, None] & kmask, other=0.0).to(tl.float32)
                 b = tl.load(w_ptrs + k0, mask=emask[:, None] & kmask, other=0.0).to(tl.float32)
                 acc += tl.sum(a[:, None, :] * b[None, :, :], axis=2)
-            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + re[None, :]
-            tl.store(o_ptrs, acc, mask=mmask[:, None] & emask[None, :])
+            _store_rows(out_ptr, stride_om, (rm, mmask), (re, emask), acc, False)
 
     @triton.jit
     def _route_topk_kernel(
