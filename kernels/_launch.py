@@ -15,9 +15,11 @@ The counters live in a zeroed int32 buffer cached per (device, stream), so launc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ._triton import empty, triton
+from ._triton import empty, interpret_mode, triton
 
 _LOCKS: dict[tuple[int, int], torch.Tensor] = {}
 # every counter buffer ever handed out stays alive: a CUDA graph captured with a smaller one keeps
@@ -50,6 +52,30 @@ def rows_view(x: torch.Tensor, k: int) -> torch.Tensor:
     return unit_stride(x.reshape(-1, k))
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    """The GPU's SMs (4 under the interpreter or without CUDA)."""
+    if interpret_mode() or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pow2_split(
+    n: int, k: int, tile: tuple[int, int], sms: int, per_sm: int, steps: int, max_split: int
+) -> int:
+    """The K split of a few-row GEMM with tile = (BLOCK_N, BLOCK_K): the largest power of two up to
+    max_split that keeps the programs (column tiles x splits) within `per_sm` a SM for `sms` SMs and
+    gives every program at least `steps` K steps. A function of (N, K, tile, GPU) only, never of M,
+    so a row's summation order does not depend on the batch."""
+    block_n, block_k = tile
+    tiles = -(-n // block_n)
+    want = max(1, (per_sm * sms) // tiles)
+    split = 1
+    while split * 2 <= min(want, max_split) and k // (split * 2) >= steps * block_k:
+        split *= 2
+    return split
+
+
 def split_plan(k: int, split: int, block_k: int) -> tuple[int, int]:
     """(K per share, shares) for a requested split of K: whole K steps a share (the last may be short),
     and a share with nothing to add dropped."""
@@ -65,6 +91,18 @@ def split_buffers(device: torch.device, split: int, m: int, n: int, tiles: int, 
     return empty((split, m, n), torch.float32, device), _locks(device, tiles)
 
 
+def w4a4_flags(a_row: bool, b_row: bool, bias, out_bf16: bool, k: int, k_per: int, block_k: int) -> dict:
+    """The compile-time flags the dense W4A4 kernels (gemm's and decode's) share: per-row global scales
+    of A / of B, bias, bf16 output (`out_arg`), and EVEN_K (K and its shares whole K steps: no K mask)."""
+    return dict(
+        A_GS_ROW=a_row,
+        B_GS_ROW=b_row,
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % block_k == 0 and k_per % block_k == 0,
+        OUT_BF16=out_bf16,
+    )
+
+
 def w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_per, stride_om) -> tuple:
     """The positional arguments of the dense W4A4 kernels (gemm's and decode's), in their order:
     operands' packed and scale bytes and global scales, bias (the A scales stand in when there is none:
@@ -73,4 +111,4 @@ def w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_p
     return (*ptrs, m, n, k, k_per, aq.stride(0), as_.stride(0), bq.stride(0), bs_.stride(0), stride_om, m * n)
 
 
-__all__ = ["rows_view", "split_buffers", "split_plan", "unit_stride", "w4a4_args"]
+__all__ = ["pow2_split", "rows_view", "split_buffers", "split_plan", "unit_stride", "w4a4_args", "w4a4_flags"]

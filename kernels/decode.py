@@ -33,12 +33,9 @@ registers a thread only 8 warps fit on an SM, and the load -> decode -> MMA chai
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import torch
-
-from ._launch import split_buffers, split_plan, w4a4_args
+from ._launch import _sm_count, pow2_split, split_buffers, split_plan, w4a4_args, w4a4_flags
 from ._triton import HAS_TRITON, interpret_mode, out_arg, tl, triton
 
 if HAS_TRITON:
@@ -84,24 +81,12 @@ class DecodeConfig:
 DECODE_KERNEL_CONFIG = DecodeConfig(block_n=64, block_k=512, num_stages=4)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    if interpret_mode() or not torch.cuda.is_available():
-        return 4
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def decode_split(n: int, k: int, cfg: DecodeConfig, device_index: int = 0, max_split: int = 16) -> int:
     """K split: programs (column tiles x splits) up to ~2 per SM, each with at least two K steps.
     A function of (N, K, config, GPU) only, so a row's summation order does not depend on M."""
     if cfg.split_k:
         return cfg.split_k
-    tiles = -(-n // cfg.block_n)
-    want = max(1, (2 * _sm_count(device_index)) // tiles)
-    split = 1
-    while split * 2 <= min(want, max_split) and k // (split * 2) >= 2 * cfg.block_k:
-        split *= 2
-    return split
+    return pow2_split(n, k, (cfg.block_n, cfg.block_k), _sm_count(device_index), 2, 2, max_split)
 
 
 if HAS_TRITON:
@@ -247,19 +232,15 @@ def decode_matmul(
     out_view, out_bf16 = out_arg(out)
     _nvfp4_decode_kernel[(tiles, split)](
         *w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_per, out.stride(0)),
-        A_GS_ROW=a_row,
-        B_GS_ROW=b_row,
-        HAS_BIAS=bias is not None,
+        **w4a4_flags(a_row, b_row, bias, out_bf16, k, k_per, cfg.block_k),
         BLOCK_M=DECODE_MAX_M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         KS=cfg.k_slices,
         DEQ=cfg.deq(),
         ASM=not interpret_mode(),
-        EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
-        OUT_BF16=out_bf16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

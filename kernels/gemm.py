@@ -49,7 +49,7 @@ import torch
 from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._launch import rows_view, split_buffers, split_plan, w4a4_args
+from ._launch import _sm_count, pow2_split, rows_view, split_buffers, split_plan, w4a4_args, w4a4_flags
 from ._triton import (
     HAS_TRITON,
     check_device,
@@ -130,6 +130,17 @@ class GemmConfig:
             return -1
         return self.dequant if self.use_asm() else 0
 
+    def tile_args(self) -> dict:
+        """The compile-time tile arguments every W4A4 kernel on a GemmConfig takes (dense, grouped)."""
+        return dict(
+            BLOCK_M=self.block_m,
+            BLOCK_N=self.block_n,
+            BLOCK_K=self.block_k,
+            DEQUANT_ASM=self.use_asm(),
+            DEQ=self.deq(),
+            NUM_STAGES=self.num_stages,
+        )
+
 
 # Chosen on the H200 from the sweeps in results/bench/kernels_h200.json (same run, 2026-11-30); the
 # interpreter ignores warps and stages.
@@ -186,23 +197,11 @@ CUBLAS_MIN_MNK = 2048**3
 DECODE_KERNEL_MIN_NK = 4096 * 4096
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    if interpret_mode() or not torch.cuda.is_available():
-        return 4
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def split_for(n: int, k: int, cfg: GemmConfig, device_index: int = 0, max_split: int = 16) -> int:
     """K split for a memory-bound (few-row) GEMM: enough programs along N x K to put ~4 on every SM,
     each with at least four K steps (so its loads stay pipelined). A function of (N, K, config, GPU)
     only, never of M, so a row's summation order does not depend on the batch."""
-    tiles = -(-n // cfg.block_n)
-    want = max(1, (4 * _sm_count(device_index)) // tiles)
-    split = 1
-    while split * 2 <= min(want, max_split) and k // (split * 2) >= 4 * cfg.block_k:
-        split *= 2
-    return split
+    return pow2_split(n, k, (cfg.block_n, cfg.block_k), _sm_count(device_index), 4, 4, max_split)
 
 
 def large_tile_mode(large_tiles: bool | str | None = None) -> str | None:
@@ -485,19 +484,10 @@ def _launch_fused(aq, as_, ags, a_row, bq, bs_, bgs, b_row, bias, out, m, n, k, 
     ws, lock = split_buffers(aq.device, programs_k, m, n, tiles, out)
     _nvfp4_gemm_kernel[(tiles, programs_k)](
         *w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_per, out.stride(0)),
-        A_GS_ROW=a_row,
-        B_GS_ROW=b_row,
-        HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
+        **w4a4_flags(a_row, b_row, bias, out_bf16, k, k_per, cfg.block_k),
+        **cfg.tile_args(),
         GROUP_M=cfg.group_m,
-        DEQUANT_ASM=cfg.use_asm(),
-        DEQ=cfg.deq(),
-        EVEN_K=k % cfg.block_k == 0 and k_per % cfg.block_k == 0,
-        NUM_STAGES=cfg.num_stages,
         SPLIT_K=split,
-        OUT_BF16=out_bf16,
         SWAP_AB=cfg.swap_ab,
         SERIAL_SPLIT=cfg.serial_split and split > 1,
         **cfg.launch_options(),
