@@ -97,26 +97,18 @@ if HAS_TRITON:
         return p.to(like.dtype)
 
     @triton.jit
-    def _block(
-        q,
-        k_base,
-        v_base,
-        sks,
-        svs,
-        k0,
-        k_hi,
-        qpos,
-        m,
-        l,  # noqa: E741
-        acc,
-        scale2,
-        cols,
-        BLOCK_N: tl.constexpr,
-        MASK: tl.constexpr,
-        INTERP: tl.constexpr,
-    ):
-        """One key block [k0, k0 + BLOCK_N) of the online softmax (module docstring). MASK: some key of
-        the block lies past some row's position (or past k_hi, the last key any row sees + 1)."""
+    def _load_rows(base, r64, stride, cols, mask):
+        """The (rows, D) tile base[r, cols] of one head's rows r (r64: their int64 column, `stride` their
+        stride), zeros in the rows where `mask` is False."""
+        return tl.load(base + r64 * stride + cols[None, :], mask=mask[:, None], other=0.0)
+
+    @triton.jit
+    def _block(q_tile, kv, k0, k_hi, m, l, acc, scale2, BLOCK_N, MASK, INTERP):  # noqa: E741
+        """One key block [k0, k0 + BLOCK_N) of the online softmax (module docstring), q_tile and kv as
+        `_chunk` takes them. MASK: some key of the block lies past some row's position (or past k_hi, the
+        last key any row sees + 1)."""
+        q, qpos, _, cols = q_tile
+        k_base, v_base, sks, svs = kv
         keys = k0 + tl.arange(0, BLOCK_N)
         kt_ptrs = k_base + keys[None, :] * sks + cols[:, None]
         v_ptrs = v_base + keys[:, None] * svs + cols[None, :]
@@ -140,38 +132,27 @@ if HAS_TRITON:
         return m_new, l, acc
 
     @triton.jit
-    def _chunk(
-        q,
-        k_base,
-        v_base,
-        sks,
-        svs,
-        qpos,
-        lo_pos,
-        c_lo,
-        c_hi,
-        scale2,
-        cols,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        D: tl.constexpr,
-        INTERP: tl.constexpr,
-    ):
-        """(m, l, acc) of the keys [c_lo, c_hi) of one chunk for a tile of query rows at positions qpos
-        (the smallest lo_pos): first the blocks every row sees whole, then the masked ones."""
+    def _empty_state(BLOCK_M: tl.constexpr, D: tl.constexpr):
+        """(m, l, acc) = (-inf, 0, 0) for BLOCK_M query rows: the online softmax's start and the identity
+        of `_fold`."""
         m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l = tl.zeros((BLOCK_M,), tl.float32)  # noqa: E741
-        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        return m, l, tl.zeros((BLOCK_M, D), tl.float32)
+
+    @triton.jit
+    def _chunk(q_tile, kv, c_lo, c_hi, scale2, BLOCK_M, BLOCK_N, D, INTERP):
+        """(m, l, acc) of the keys [c_lo, c_hi) of one chunk for a tile of query rows: first the blocks
+        every row sees whole, then the masked ones. q_tile = (q, qpos, lo_pos, cols): the rows, their
+        positions (the smallest lo_pos) and the head dim's columns; kv = (k_base, v_base, sks, svs): the
+        kv head's keys and values and their row strides."""
+        lo_pos = q_tile[2]
+        m, l, acc = _empty_state(BLOCK_M, D)  # noqa: E741
         n_full = tl.maximum(tl.minimum(c_hi, lo_pos + 1) - c_lo, 0) // BLOCK_N
         full_hi = c_lo + n_full * BLOCK_N
         for k0 in range(c_lo, full_hi, BLOCK_N):
-            m, l, acc = _block(  # noqa: E741
-                q, k_base, v_base, sks, svs, k0, c_hi, qpos, m, l, acc, scale2, cols, BLOCK_N, False, INTERP
-            )
+            m, l, acc = _block(q_tile, kv, k0, c_hi, m, l, acc, scale2, BLOCK_N, False, INTERP)  # noqa: E741
         for k0 in range(full_hi, c_hi, BLOCK_N):
-            m, l, acc = _block(  # noqa: E741
-                q, k_base, v_base, sks, svs, k0, c_hi, qpos, m, l, acc, scale2, cols, BLOCK_N, True, INTERP
-            )
+            m, l, acc = _block(q_tile, kv, k0, c_hi, m, l, acc, scale2, BLOCK_N, True, INTERP)  # noqa: E741
         return m, l, acc
 
     @triton.jit
@@ -254,56 +235,18 @@ if HAS_TRITON:
         cols = tl.arange(0, D)
         start, q0 = _row_window(kvs_ptr, qs_ptr, b, kv_start0, q_start0, KV_START_T, Q_START_T)
         qpos = q0 + rows
-        q = tl.load(
-            q_ptr + b * sqb + h * sqh + rows[:, None].to(tl.int64) * sql + cols[None, :],
-            mask=rmask[:, None],
-            other=0.0,
-        )
-        k_base = k_ptr + b * skb + kvh * skh
-        v_base = v_ptr + b * svb + kvh * svh
+        q = _load_rows(q_ptr + b * sqb + h * sqh, rows[:, None].to(tl.int64), sql, cols, rmask)
+        kv = (k_ptr + b * skb + kvh * skh, v_ptr + b * svb + kvh * svh, sks, svs)
         lo_pos = q0 + pid_m * BLOCK_M
         kend = tl.minimum(q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, L), S)  # last key any row sees + 1
+        q_tile = (q, qpos, lo_pos, cols)
         if SINGLE:
-            m_run, l_run, a_run = _chunk(
-                q,
-                k_base,
-                v_base,
-                sks,
-                svs,
-                qpos,
-                lo_pos,
-                start,
-                kend,
-                scale2,
-                cols,
-                BLOCK_M,
-                BLOCK_N,
-                D,
-                INTERP,
-            )
+            m_run, l_run, a_run = _chunk(q_tile, kv, start, kend, scale2, BLOCK_M, BLOCK_N, D, INTERP)
         else:
-            m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            l_run = tl.zeros((BLOCK_M,), tl.float32)
-            a_run = tl.zeros((BLOCK_M, D), tl.float32)
+            m_run, l_run, a_run = _empty_state(BLOCK_M, D)
             for c_lo in range(start, kend, SPLIT):
                 c_hi = tl.minimum(c_lo + SPLIT, kend)
-                m, l, acc = _chunk(  # noqa: E741
-                    q,
-                    k_base,
-                    v_base,
-                    sks,
-                    svs,
-                    qpos,
-                    lo_pos,
-                    c_lo,
-                    c_hi,
-                    scale2,
-                    cols,
-                    BLOCK_M,
-                    BLOCK_N,
-                    D,
-                    INTERP,
-                )
+                m, l, acc = _chunk(q_tile, kv, c_lo, c_hi, scale2, BLOCK_M, BLOCK_N, D, INTERP)  # noqa: E741
                 m_run, l_run, a_run = _fold(m_run, l_run, a_run, m, l, acc)
         out = _finish(a_run, l_run)
         o_ptrs = o_ptr + b * sob + h * soh + rows[:, None].to(tl.int64) * sol + cols[None, :]
@@ -375,13 +318,12 @@ if HAS_TRITON:
                 mask=rmask[:, None],
                 other=0.0,
             )
-            k_base = k_ptr + b * skb + kvh.to(tl.int64) * skh
-            v_base = v_ptr + b * svb + kvh.to(tl.int64) * svh
+            kvh64 = kvh.to(tl.int64)
+            kv = (k_ptr + b * skb + kvh64 * skh, v_ptr + b * svb + kvh64 * svh, sks, svs)
             c_lo = start + c * SPLIT
             c_hi = tl.minimum(c_lo + SPLIT, kend)
-            m, l, acc = _chunk(  # noqa: E741
-                q, k_base, v_base, sks, svs, qpos, q0, c_lo, c_hi, scale2, cols, BLOCK_M, BLOCK_N, D, INTERP
-            )
+            q_tile = (q, qpos, q0, cols)
+            m, l, acc = _chunk(q_tile, kv, c_lo, c_hi, scale2, BLOCK_M, BLOCK_N, D, INTERP)  # noqa: E741
             o_base = o_ptr + b * sob  # the output pointers are formed at the stores (registers)
             if n_chunks <= 1:
                 o_offs = h[:, None] * soh + lq[:, None] * sol + cols[None, :]
@@ -396,9 +338,7 @@ if HAS_TRITON:
                 wmask = rmask[:, None]
                 ticket = _split_k_ticket(acc, a_ws, plane * D, cnt_ptr, tile, c, offs, wmask)
                 if ticket == n_chunks - 1:  # the tile's last program: fold the chunks in order
-                    m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                    l_run = tl.zeros((BLOCK_M,), tl.float32)
-                    a_run = tl.zeros((BLOCK_M, D), tl.float32)
+                    m_run, l_run, a_run = _empty_state(BLOCK_M, D)
                     for cc in range(0, n_chunks):
                         mc = tl.load(m_ws + cc * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
                         lc = tl.load(l_ws + cc * plane + row_off, mask=rmask, other=0.0, cache_modifier=".cg")
@@ -476,6 +416,31 @@ def _scale2(scale: float) -> float:
     return float(torch.tensor(scale * LOG2E, dtype=torch.float32))
 
 
+def _launch_args(q, k, v, out, window, heads: int, scale: float, split: int, num_stages: int):
+    """The arguments both kernels take, in their order: (q, k, v, out) (bf16 out as its int16 view);
+    the window's tensors (q stands in for an absent one: never read); the window's scalars,
+    scale·log2(e), L, S, the heads a program row walks (`heads`) and the strides (batch, head, row) of
+    q, k, v and out; and the keywords both take."""
+    kvs_t, kvs0, qs_t, qs0 = window
+    out_view, bf16 = out_arg(out)
+    tensors = (q, k, v, out_view)
+    window_ts = (kvs_t if kvs_t is not None else q, qs_t if qs_t is not None else q)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
+    tail = (kvs0, qs0, _scale2(scale), q.shape[2], k.shape[2], heads, *strides)
+    keywords = dict(
+        D=q.shape[3],
+        BLOCK_N=BLOCK_N,
+        SPLIT=split,
+        KV_START_T=kvs_t is not None,
+        Q_START_T=qs_t is not None,
+        BF16_OUT=bf16,
+        INTERP=interpret_mode(),
+        num_stages=num_stages,
+        enable_fp_fusion=False,
+    )
+    return tensors, window_ts, tail, keywords
+
+
 def attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -498,49 +463,21 @@ def attention_forward(
     rounding, for tests) and, with need_lse, the (B, Hq, L) fp32 log2-sum-exp2 of the scaled logits.
     block_m / num_warps / num_stages: the tile (tests and sweeps; the bits need wgmma tiles, see the
     module docstring); split: the chunk size (tests shrink it to reach several chunks at small S)."""
-    q, k, v, (kvs_t, kvs0, qs_t, qs0) = _prepare(q, k, v, kv_start, q_start, "attention_forward")
-    (b, hq, lq, d), (hkv, s) = q.shape, k.shape[1:3]
+    q, k, v, window = _prepare(q, k, v, kv_start, q_start, "attention_forward")
+    (b, hq, lq, d), hkv = q.shape, k.shape[1]
     out = _out_layout(b, hq, lq, d, out_dtype or q.dtype, q.device)
     lse = empty((b, hq, lq), torch.float32, q.device) if need_lse else None
     if out.numel() == 0:
         return out, lse
-    out_view, bf16 = out_arg(out)
+    tensors, window_ts, tail, keywords = _launch_args(q, k, v, out, window, hq, scale, split, num_stages)
     # every query's keys lie in one chunk when the last query's position is below `split`
+    qs_t, qs0 = window[2:]
     single = qs_t is None and qs0 + lq - 1 < split
     grid = (triton.cdiv(lq, block_m), b * hq)
     LAUNCHED["forward"] = _attention_fwd_kernel[grid](
-        q,
-        k,
-        v,
-        out_view,
-        lse if lse is not None else q,
-        kvs_t if kvs_t is not None else q,
-        qs_t if qs_t is not None else q,
-        kvs0,
-        qs0,
-        _scale2(scale),
-        lq,
-        s,
-        hq,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        G=hq // hkv,
-        D=d,
-        BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
-        SPLIT=split,
-        KV_START_T=kvs_t is not None,
-        Q_START_T=qs_t is not None,
-        SINGLE=single,
-        STORE_LSE=need_lse,
-        BF16_OUT=bf16,
-        INTERP=interpret_mode(),
-        num_warps=num_warps,
-        num_stages=num_stages,
-        enable_fp_fusion=False,
-    )
+        *tensors, lse if lse is not None else q, *window_ts, *tail,
+        G=hq // hkv, BLOCK_M=block_m, SINGLE=single, STORE_LSE=need_lse, num_warps=num_warps, **keywords,
+    )  # fmt: skip
     return out, lse
 
 
@@ -574,7 +511,7 @@ def attention_decode(
     """The fixed attention core for few queries against a cache (decode): one program per (batch row, kv
     head, chunk of the cache capacity), G * L <= 64 rows. Arguments and result as `attention_forward`;
     the same bits."""
-    q, k, v, (kvs_t, kvs0, qs_t, qs0) = _prepare(q, k, v, kv_start, q_start, "attention_decode")
+    q, k, v, window = _prepare(q, k, v, kv_start, q_start, "attention_decode")
     (b, hq, lq, d), (hkv, s) = q.shape, k.shape[1:3]
     groups = hq // hkv
     if groups * lq > DEC_BLOCK_M:
@@ -582,7 +519,6 @@ def attention_decode(
     out = _out_layout(b, hq, lq, d, out_dtype or q.dtype, q.device)
     if out.numel() == 0:
         return out
-    out_view, bf16 = out_arg(out)
     tiles, chunks = b * hkv, max(1, triton.cdiv(s, split))
     if chunks > 1:
         rows = tiles * chunks * groups * lq
@@ -592,40 +528,11 @@ def attention_decode(
     else:  # not read, but the kernel's ticket branch compiles against their types
         m_ws = l_ws = a_ws = torch.empty((1,), dtype=torch.float32, device=q.device)
         cnt = _locks(q.device, 1)
+    tensors, window_ts, tail, keywords = _launch_args(q, k, v, out, window, hkv, scale, split, num_stages)
     LAUNCHED["decode"] = _attention_decode_kernel[(tiles, chunks)](
-        q,
-        k,
-        v,
-        out_view,
-        kvs_t if kvs_t is not None else q,
-        qs_t if qs_t is not None else q,
-        m_ws,
-        l_ws,
-        a_ws,
-        cnt,
-        kvs0,
-        qs0,
-        _scale2(scale),
-        lq,
-        s,
-        hkv,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        G=groups,
-        D=d,
-        BLOCK_M=DEC_BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        SPLIT=split,
-        KV_START_T=kvs_t is not None,
-        Q_START_T=qs_t is not None,
-        BF16_OUT=bf16,
-        INTERP=interpret_mode(),
-        num_warps=DEC_WARPS,
-        num_stages=num_stages,
-        enable_fp_fusion=False,
-    )
+        *tensors, *window_ts, m_ws, l_ws, a_ws, cnt, *tail,
+        G=groups, BLOCK_M=DEC_BLOCK_M, num_warps=DEC_WARPS, **keywords,
+    )  # fmt: skip
     return out
 
 

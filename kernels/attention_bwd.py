@@ -19,11 +19,11 @@ import torch
 
 from ._launch import unit_stride
 from ._triton import HAS_TRITON, check_device, empty, interpret_mode, require_triton, tl, triton
-from .attention import LAUNCHED, LOG2E
+from .attention import LAUNCHED, _scale2
 
 if HAS_TRITON:
     from ._triton import _span
-    from .attention import _dot, _dot_acc, _p_operand
+    from .attention import _dot, _dot_acc, _load_rows, _p_operand
 
     @triton.jit
     def _bwd_delta_kernel(
@@ -36,8 +36,8 @@ if HAS_TRITON:
         rows, rmask = _span(pid_m, BLOCK_M, L)
         cols = tl.arange(0, D)
         r64 = rows[:, None].to(tl.int64)
-        o = tl.load(o_ptr + b * sob + h * soh + r64 * sol + cols[None, :], mask=rmask[:, None], other=0.0)
-        do = tl.load(do_ptr + b * sdb + h * sdh + r64 * sdl + cols[None, :], mask=rmask[:, None], other=0.0)
+        o = _load_rows(o_ptr + b * sob + h * soh, r64, sol, cols, rmask)
+        do = _load_rows(do_ptr + b * sdb + h * sdh, r64, sdl, cols, rmask)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         tl.store(delta_ptr + pid_bh.to(tl.int64) * L + rows, delta, mask=rmask)
 
@@ -65,8 +65,8 @@ if HAS_TRITON:
         qrows = m0 + tl.arange(0, BLOCK_M)
         qm = qrows < L
         r64 = qrows[:, None].to(tl.int64)
-        q = tl.load(q_ptrs_base + r64 * sql + cols[None, :], mask=qm[:, None], other=0.0)
-        do = tl.load(do_ptrs_base + r64 * sdl + cols[None, :], mask=qm[:, None], other=0.0)
+        q = _load_rows(q_ptrs_base, r64, sql, cols, qm)
+        do = _load_rows(do_ptrs_base, r64, sdl, cols, qm)
         lse = tl.load(lse_base + qrows, mask=qm, other=float("inf"))
         delta = tl.load(delta_base + qrows, mask=qm, other=0.0)
         st = _dot(k, tl.trans(q), INTERP) * scale2  # (BLOCK_N keys, BLOCK_M queries)
@@ -122,8 +122,8 @@ if HAS_TRITON:
         keys, kmask = _span(pid_n, BLOCK_N, L)
         cols = tl.arange(0, D)
         k64 = keys[:, None].to(tl.int64)
-        k = tl.load(k_ptr + b * skb + kvh * skh + k64 * sks + cols[None, :], mask=kmask[:, None], other=0.0)
-        v = tl.load(v_ptr + b * svb + kvh * svh + k64 * svs + cols[None, :], mask=kmask[:, None], other=0.0)
+        k = _load_rows(k_ptr + b * skb + kvh * skh, k64, sks, cols, kmask)
+        v = _load_rows(v_ptr + b * svb + kvh * svh, k64, svs, cols, kmask)
         dk = tl.zeros((BLOCK_N, D), tl.float32)
         dv = tl.zeros((BLOCK_N, D), tl.float32)
         m_lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees one of these keys
@@ -159,8 +159,8 @@ if HAS_TRITON:
         keys = n0 + tl.arange(0, BLOCK_N)
         kmask = keys < L
         k64 = keys[:, None].to(tl.int64)
-        k = tl.load(k_base + k64 * sks + cols[None, :], mask=kmask[:, None], other=0.0)
-        v = tl.load(v_base + k64 * svs + cols[None, :], mask=kmask[:, None], other=0.0)
+        k = _load_rows(k_base, k64, sks, cols, kmask)
+        v = _load_rows(v_base, k64, svs, cols, kmask)
         s = _dot(q, tl.trans(k), INTERP) * scale2
         p = tl.math.exp2(s - lse[:, None])
         if MASK:
@@ -212,8 +212,8 @@ if HAS_TRITON:
         rows, rmask = _span(pid_m, BLOCK_M, L)
         cols = tl.arange(0, D)
         r64 = rows[:, None].to(tl.int64)
-        q = tl.load(q_ptr + b * sqb + h * sqh + r64 * sql + cols[None, :], mask=rmask[:, None], other=0.0)
-        do = tl.load(do_ptr + b * sdb + h * sdh + r64 * sdl + cols[None, :], mask=rmask[:, None], other=0.0)
+        q = _load_rows(q_ptr + b * sqb + h * sqh, r64, sql, cols, rmask)
+        do = _load_rows(do_ptr + b * sdb + h * sdh, r64, sdl, cols, rmask)
         lse = tl.load(lse_ptr + pid_bh.to(tl.int64) * L + rows, mask=rmask, other=float("inf"))
         delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * L + rows, mask=rmask, other=0.0)
         dq = tl.zeros((BLOCK_M, D), tl.float32)
@@ -269,17 +269,18 @@ def attention_backward(
     _bwd_delta_kernel[(triton.cdiv(lq, 64), b * hq)](
         out, grad, delta, lq, hq, *out.stride()[:3], *grad.stride()[:3], D=d, BLOCK_M=64
     )
-    scale2 = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
+    scale2 = _scale2(scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad.stride()[:3])
+    keywords = dict(G=hq // hkv, D=d, INTERP=interp, num_stages=num_stages)
     bm1, bn1, w1 = dkdv_tile
     LAUNCHED["backward_dkdv"] = _bwd_dkdv_kernel[(triton.cdiv(s, bn1), b * hkv)](
         q, k, v, grad, lse, delta, dk, dv, scale2, scale, lq, hkv, *strides, *dk.stride()[:3],
-        G=hq // hkv, D=d, BLOCK_M=bm1, BLOCK_N=bn1, INTERP=interp, num_warps=w1, num_stages=num_stages,
+        BLOCK_M=bm1, BLOCK_N=bn1, num_warps=w1, **keywords,
     )  # fmt: skip
     bm2, bn2, w2 = dq_tile
     LAUNCHED["backward_dq"] = _bwd_dq_kernel[(triton.cdiv(lq, bm2), b * hq)](
         q, k, v, grad, lse, delta, dq, scale2, scale, lq, hq, *strides, *dq.stride()[:3],
-        G=hq // hkv, D=d, BLOCK_M=bm2, BLOCK_N=bn2, INTERP=interp, num_warps=w2, num_stages=num_stages,
+        BLOCK_M=bm2, BLOCK_N=bn2, num_warps=w2, **keywords,
     )  # fmt: skip
     return dq, dk, dv
 
