@@ -29,6 +29,7 @@ if HAS_TRITON:
     def _bwd_delta_kernel(
         o_ptr, do_ptr, delta_ptr, L, HQ, sob, soh, sol, sdb, sdh, sdl, D: tl.constexpr, BLOCK_M: tl.constexpr
     ):
+        """Program (query block, batch row x query head): delta = Σ_d dO·O of BLOCK_M queries, fp32."""
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = (pid_bh // HQ).to(tl.int64)
@@ -114,6 +115,9 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         INTERP: tl.constexpr,
     ):
+        """Program (key block, batch row x kv head): dK and dV of BLOCK_N keys, summed over the G query
+        heads that read them and, per head, over the query blocks at or after the keys (module
+        docstring); the diagonal blocks masked."""
         pid_n = tl.program_id(0)
         pid_bkv = tl.program_id(1)
         b = (pid_bkv // HKV).to(tl.int64)
@@ -203,6 +207,8 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         INTERP: tl.constexpr,
     ):
+        """Program (query block, batch row x query head): dQ of BLOCK_M queries, summed over the key
+        blocks up to the block's last query (the ones it sees whole first, then the masked ones)."""
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = (pid_bh // HQ).to(tl.int64)

@@ -184,6 +184,10 @@ if HAS_TRITON:
         SPLIT_K: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
+        """Program (column tile, K share): BLOCK_N weight rows against the activation rows (at most
+        BLOCK_M) over share pid_k of K, each K step cut into KS slices (`_sliced_mainloop`) whose partial
+        tiles are added at the end; with SPLIT_K > 1 the tile's last program adds the shares in order
+        (`_store_tile`)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         HK: tl.constexpr = BLOCK_K // KS // 2

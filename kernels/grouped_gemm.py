@@ -123,6 +123,9 @@ if HAS_TRITON:
         SWAP_AB: tl.constexpr,
         N_FASTEST: tl.constexpr,
     ):
+        """Program (row tile, column tile), the two axes swapped with N_FASTEST: BLOCK_M of one expert's
+        rows (the expert found from the offsets; a surplus program stores nothing) against BLOCK_N rows of
+        that expert's B over all of K, scaled by A's and the expert's global scales."""
         if N_FASTEST:
             pid_n = tl.program_id(0)
             pid_m = tl.program_id(1)
@@ -189,6 +192,8 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
     ):
+        """Program (row x column tile, expert e): the (BLOCK_M, BLOCK_N) tile of A_e B_eᵀ over expert e's
+        token segment [poffs[e], poffs[e + 1]) (padded to whole 16s), scaled by e's global scales."""
         pid = tl.program_id(0)
         e = tl.program_id(1).to(tl.int64)
         num_n = tl.cdiv(RB, BLOCK_N)

@@ -36,6 +36,8 @@ if HAS_TRITON:
         BLOCK_D: tl.constexpr,
         BF16: tl.constexpr,
     ):
+        """Program (row): one row of x normalized (module docstring), its sum of squares reduced in the
+        program's fixed order; rstd stored for the row."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_D)
         mask = cols < D

@@ -198,7 +198,8 @@ if HAS_TRITON:
         FLOAT32_MAX: tl.constexpr,
         ONE_SIXTH: tl.constexpr,
     ):
-        # program (row tile, column tile, batch entry); batch entries are independent (R, C) matrices
+        """Program (row tile, column tile, batch entry): a (BLOCK_R, BLOCK_C) tile of one of the batch's
+        independent (R, C) matrices, quantized (MODE 0) or reduced to its maxima (MODE 1)."""
         NB: tl.constexpr = BLOCK_C // 16
         SHAPE: tl.constexpr = (BLOCK_R, NB)  # the tile's blocks
         pid_r = tl.program_id(0)

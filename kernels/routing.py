@@ -44,6 +44,8 @@ if HAS_TRITON:
         SHIFT: tl.constexpr,
         E_BINS: tl.constexpr,
     ):
+        """One program: the N (token, slot) pairs sorted by expert, each row's token, the row of each
+        pair and the experts' offsets (`route_by_expert`)."""
         i = tl.arange(0, N_POW2)
         real = i < N
         e = tl.load(idx_ptr + i, mask=real, other=0).to(tl.int32)
@@ -71,6 +73,8 @@ if HAS_TRITON:
         BLOCK_D: tl.constexpr,
         OUT_BF16: tl.constexpr,
     ):
+        """Program (token t, column block): out[t] over BLOCK_D columns, the rows of t's A experts times
+        their weights added in ascending expert order (`combine_routed`)."""
         t = tl.program_id(0).to(tl.int64)
         s = tl.arange(0, A_POW2)
         sm = s < A
