@@ -1,6 +1,6 @@
-"""Host-side helpers the kernels' wrappers share: operand views with a unit last stride, and for the
-split-K launches (W4A4, bf16, router) the split plan, its workspace and ticket counters, and the
-positional arguments of the dense W4A4 kernels.
+"""Host-side helpers the kernels' wrappers share: operand views with a unit last stride, the W4A4
+operands' checks and row views, the K split of few-row GEMMs, and for the split-K launches (W4A4,
+bf16, router) the split plan, its workspace and ticket counters, and the dense W4A4 kernels' arguments.
 
 Split-K (few rows, where the tiles along N alone leave SMs idle): K is cut into `split` shares of
 whole K steps, each program sums its share into a float32 partial tile, and the tile's last program
@@ -19,7 +19,10 @@ import functools
 
 import torch
 
-from ._triton import empty, interpret_mode, triton
+from minite.numerics.constants import BLOCK, E4M3_DTYPE
+from minite.numerics.nvfp4 import NVFP4Tensor
+
+from ._triton import empty, interpret_mode, require_triton, triton
 
 _LOCKS: dict[tuple[int, int], torch.Tensor] = {}
 # every counter buffer ever handed out stays alive: a CUDA graph captured with a smaller one keeps
@@ -50,6 +53,47 @@ def unit_stride(t: torch.Tensor) -> torch.Tensor:
 def rows_view(x: torch.Tensor, k: int) -> torch.Tensor:
     """x (..., k) as (rows, k), every leading dimension a row, with a unit column stride (`unit_stride`)."""
     return unit_stride(x.reshape(-1, k))
+
+
+def check_nvfp4(t: NVFP4Tensor, name: str) -> None:
+    """t is an NVFP4Tensor whose packed bytes, E4M3 scales and float32 global scale fit together."""
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"{name}: expected an NVFP4Tensor, got {type(t).__name__}")
+    if t.qdata.dtype != torch.uint8 or t.scale.dtype != E4M3_DTYPE:
+        raise TypeError(
+            f"{name}: qdata must be uint8 and scale float8_e4m3fn, got {t.qdata.dtype}, {t.scale.dtype}"
+        )
+    if t.qdata.shape[:-1] != t.scale.shape[:-1] or t.qdata.shape[-1] * 2 != t.scale.shape[-1] * BLOCK:
+        raise ValueError(
+            f"{name}: qdata {tuple(t.qdata.shape)} and scale {tuple(t.scale.shape)} do not describe one "
+            f"tensor (qdata (..., K/2), scale (..., K/{BLOCK}))"
+        )
+    if t.global_scale.dtype != torch.float32:
+        raise TypeError(f"{name}: global_scale must be float32, got {t.global_scale.dtype}")
+
+
+def rows_of(t: NVFP4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """2-D row-major views (rows, K/2), (rows, K/16) and the global scale as a scalar or a per-row
+    vector (True when per row)."""
+    q = rows_view(t.qdata, t.qdata.shape[-1])
+    s = rows_view(t.scale.view(torch.uint8), t.scale.shape[-1])
+    gs = t.global_scale
+    if gs.numel() == 1:
+        return q, s, gs.reshape(1).contiguous(), False
+    if gs.numel() != q.shape[0] or gs.shape[-1] != 1:
+        raise ValueError(
+            f"{name}: global_scale of shape {tuple(gs.shape)} is neither a scalar nor one per row "
+            f"(..., 1) for data of shape {tuple(t.shape)}"
+        )
+    return q, s, gs.reshape(-1).contiguous(), True
+
+
+def check_operands(what: str, a: NVFP4Tensor, b: NVFP4Tensor) -> None:
+    """A W4A4 entry point's first checks: Triton importable, then both operands NVFP4 tensors
+    (`check_nvfp4`, named "<what>: A" / "<what>: B" in the errors)."""
+    require_triton(what)
+    check_nvfp4(a, f"{what}: A")
+    check_nvfp4(b, f"{what}: B")
 
 
 @functools.cache
@@ -111,4 +155,15 @@ def w4a4_args(aq, as_, ags, bq, bs_, bgs, bias, out_view, ws, lock, m, n, k, k_p
     return (*ptrs, m, n, k, k_per, aq.stride(0), as_.stride(0), bq.stride(0), bs_.stride(0), stride_om, m * n)
 
 
-__all__ = ["pow2_split", "rows_view", "split_buffers", "split_plan", "unit_stride", "w4a4_args", "w4a4_flags"]
+__all__ = [
+    "check_nvfp4",
+    "check_operands",
+    "pow2_split",
+    "rows_of",
+    "rows_view",
+    "split_buffers",
+    "split_plan",
+    "unit_stride",
+    "w4a4_args",
+    "w4a4_flags",
+]

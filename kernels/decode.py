@@ -224,7 +224,7 @@ if HAS_TRITON:
 def decode_matmul(
     aq, as_, ags, a_row, bq, bs_, bgs, b_row, bias, out, m, n, k, cfg: DecodeConfig | None = None
 ):
-    """Launch the decode kernel on row-major views (see gemm.rows_of); out (M, N) is written."""
+    """Launch the decode kernel on row-major views (see _launch.rows_of); out (M, N) is written."""
     cfg = cfg or DECODE_KERNEL_CONFIG
     if m > DECODE_MAX_M:
         raise ValueError(f"decode kernel: at most {DECODE_MAX_M} rows, got {m}")

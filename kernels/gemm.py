@@ -46,17 +46,25 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from minite.numerics.constants import BLOCK, E4M3_DTYPE
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._launch import _sm_count, pow2_split, rows_view, split_buffers, split_plan, w4a4_args, w4a4_flags
+from ._launch import (
+    _sm_count,
+    check_nvfp4,
+    check_operands,
+    pow2_split,
+    rows_of,
+    split_buffers,
+    split_plan,
+    w4a4_args,
+    w4a4_flags,
+)
 from ._triton import (
     HAS_TRITON,
     check_device,
     empty,
     interpret_mode,
     out_arg,
-    require_triton,
     tl,
     triton,
 )
@@ -394,38 +402,6 @@ if HAS_TRITON:
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_nvfp4(t: NVFP4Tensor, name: str) -> None:
-    if not isinstance(t, NVFP4Tensor):
-        raise TypeError(f"{name}: expected an NVFP4Tensor, got {type(t).__name__}")
-    if t.qdata.dtype != torch.uint8 or t.scale.dtype != E4M3_DTYPE:
-        raise TypeError(
-            f"{name}: qdata must be uint8 and scale float8_e4m3fn, got {t.qdata.dtype}, {t.scale.dtype}"
-        )
-    if t.qdata.shape[:-1] != t.scale.shape[:-1] or t.qdata.shape[-1] * 2 != t.scale.shape[-1] * BLOCK:
-        raise ValueError(
-            f"{name}: qdata {tuple(t.qdata.shape)} and scale {tuple(t.scale.shape)} do not describe one "
-            f"tensor (qdata (..., K/2), scale (..., K/{BLOCK}))"
-        )
-    if t.global_scale.dtype != torch.float32:
-        raise TypeError(f"{name}: global_scale must be float32, got {t.global_scale.dtype}")
-
-
-def rows_of(t: NVFP4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """2-D row-major views (rows, K/2), (rows, K/16) and the global scale as a scalar or a per-row
-    vector (True when per row)."""
-    q = rows_view(t.qdata, t.qdata.shape[-1])
-    s = rows_view(t.scale.view(torch.uint8), t.scale.shape[-1])
-    gs = t.global_scale
-    if gs.numel() == 1:
-        return q, s, gs.reshape(1).contiguous(), False
-    if gs.numel() != q.shape[0] or gs.shape[-1] != 1:
-        raise ValueError(
-            f"{name}: global_scale of shape {tuple(gs.shape)} is neither a scalar nor one per row "
-            f"(..., 1) for data of shape {tuple(t.shape)}"
-        )
-    return q, s, gs.reshape(-1).contiguous(), True
-
-
 def _launch_epilogue(acc, ags, a_row, bgs, b_row, bias, out, m, n) -> None:
     bm, bn = 32, 128
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
@@ -524,9 +500,7 @@ def nvfp4_matmul(
     large_tiles (batch-invariant, no config given): from BATCH_INVARIANT_LARGE_MIN_M rows the 128x256
     tile with the shared K split (`pick_config`), True or "fused" decoding in the mainloop, "two_pass"
     from float16 operands decoded by a pass before; None reads the environment (`large_tile_mode`)."""
-    require_triton("nvfp4_matmul")
-    check_nvfp4(a, "nvfp4_matmul: A")
-    check_nvfp4(b, "nvfp4_matmul: B")
+    check_operands("nvfp4_matmul", a, b)
     if a.shape[-1] != b.shape[-1]:
         raise ValueError(f"nvfp4_matmul: K mismatch, A {tuple(a.shape)} vs B {tuple(b.shape)}")
     if b.qdata.ndim != 2:

@@ -31,8 +31,9 @@ import torch
 
 from minite.numerics.nvfp4 import NVFP4Tensor
 
-from ._triton import HAS_TRITON, check_device, empty, out_arg, require_triton, tl, triton
-from .gemm import GemmConfig, check_nvfp4, rows_of
+from ._launch import check_operands, rows_of
+from ._triton import HAS_TRITON, check_device, empty, out_arg, tl, triton
+from .gemm import GemmConfig
 
 if HAS_TRITON:
     from ._triton import _apply_scales, _gs_ptrs, _row_pointers, _span, _store_rows, _w4a4_tile
@@ -285,9 +286,7 @@ def nvfp4_grouped_matmul(
     b: qdata (E, N, K/2), scale (E, N, K/16), global_scale one scalar, (E,) or (E, N, 1).
     a: global_scale a scalar or one per row (T, 1) (nvfp4_quantize_grouped gives per-expert tensor
     scales as one per row)."""
-    require_triton("nvfp4_grouped_matmul")
-    check_nvfp4(a, "nvfp4_grouped_matmul: A")
-    check_nvfp4(b, "nvfp4_grouped_matmul: B")
+    check_operands("nvfp4_grouped_matmul", a, b)
     if a.qdata.ndim != 2 or b.qdata.ndim != 3:
         raise ValueError(
             f"nvfp4_grouped_matmul: A must be (T, K) and B (E, N, K), got {tuple(a.shape)} and "
@@ -361,9 +360,7 @@ def nvfp4_grouped_wgrad(
 ) -> torch.Tensor:
     """out[e] = A[:, seg e] B[:, seg e]ᵀ -> (E, Ra, Rb), both operands quantized along the padded token
     axis with per-expert global scales (nvfp4_quantize_segments_t)."""
-    require_triton("nvfp4_grouped_wgrad")
-    check_nvfp4(a, "nvfp4_grouped_wgrad: A")
-    check_nvfp4(b, "nvfp4_grouped_wgrad: B")
+    check_operands("nvfp4_grouped_wgrad", a, b)
     if a.qdata.ndim != 2 or b.qdata.ndim != 2 or a.shape[-1] != b.shape[-1]:
         raise ValueError(
             f"nvfp4_grouped_wgrad: A (Ra, Tp) and B (Rb, Tp) must share Tp, got {tuple(a.shape)}, "
