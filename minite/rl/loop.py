@@ -86,6 +86,7 @@ from minite.rl.rollout import (  # noqa: F401  (make_sampler, evaluate_accuracy:
     step_prompts,
 )
 from minite.testing.fault_injection import maybe_kill
+from minite.tracking import git_commit
 
 
 def _optimizer_state_to_params(optimizer: torch.optim.Optimizer) -> None:
@@ -276,6 +277,9 @@ def train(
     t_begin = time.perf_counter()
     ranks = Ranks.current()
     lead = ranks.lead
+    # the code this process runs is the code it imported now: the ledger record names this commit, not
+    # the checkout's HEAD when the run ends (a long run may outlive several commits)
+    started_at = git_commit() if lead else None
     rows = cfg.rollout.prompts_per_step * cfg.grpo.group_size
     if rows % ranks.world:
         raise ConfigError(
@@ -460,7 +464,8 @@ def train(
             device=str(device),
         )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    write_ledger_record(out)  # the compact record the claims pool seeds from (minite.rl.results_ledger)
+    # the compact record the claims pool seeds from (minite.rl.results_ledger)
+    write_ledger_record(out, commit=started_at)
     return summary
 
 

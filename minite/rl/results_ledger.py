@@ -371,11 +371,12 @@ def write_json(record: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_ledger_record(out_dir: str | Path) -> Path:
+def write_ledger_record(out_dir: str | Path, commit: str | None = None) -> Path:
     """<out_dir>/ledger.json: the record of the run that just finished in `out_dir` (the RL loop calls
-    this at the end of every run; `minite ledger add` files it under results/ledger later)."""
+    this at the end of every run, with the commit it started at; `minite ledger add` files it under
+    results/ledger later)."""
     d = Path(out_dir)
-    return write_json(ledger_record(d), d / LEDGER_FILE)
+    return write_json(ledger_record(d, commit=commit), d / LEDGER_FILE)
 
 
 def ledger_path(root: str | Path, record: dict[str, Any]) -> Path:

@@ -302,3 +302,21 @@ def test_claims_quality_from_the_loop_eval_when_records_hold_no_lm_eval(results,
     assert res["quality_source"] == "loop_eval" and "claims.quality: loop_eval" in md
     argv = ["--claims", json.dumps({"quality": "loop_evals"}), "--out", str(tmp_path / "x")]
     assert claims([*argv, "--ledger", str(into), "--runs", str(results / "runs")]) == 2
+
+
+def test_the_record_names_the_commit_the_run_started_at(tiny_inputs, tmp_path, monkeypatch):
+    """A run that outlives a commit ran the code it imported at its start: ledger.json names that
+    commit, not the checkout's HEAD when the run ends."""
+    import minite.rl.loop as loop
+    import minite.tracking as tracking
+    from minite.commands.train import main as train_main
+
+    monkeypatch.setattr(loop, "git_commit", lambda: "c0ffee-at-start")
+    monkeypatch.setattr(tracking, "git_commit", lambda: "beef-at-the-end")
+    spec = _resolve(tmp_path / "runs", "minite", RL)
+    out = tmp_path / "rl" / "minite" / "seed0"
+    argv = ["--config", str(spec / "train.yaml"), "--recipe", str(spec / "recipe.yaml"), "--seed", "0"]
+    argv += ["--model-dir", str(tiny_inputs["model_dir"]), "--data-dir", str(tiny_inputs["data_dir"])]
+    assert train_main([*argv, "--out", str(out), "--no-progress"]) == 0
+    assert json.loads((out / L.LEDGER_FILE).read_text())["commit"] == "c0ffee-at-start"
+    assert L.ledger_record(out)["commit"] == "c0ffee-at-start"  # `minite ledger add` keeps it
