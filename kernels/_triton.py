@@ -1,5 +1,10 @@
 """Triton import guard and the element codecs the NVFP4 kernels share.
 
+Why one module of ~660 lines: it is the one layer of device helpers every kernel module imports,
+behind the one import guard (`HAS_TRITON`). The bit-level codecs, and the W4A4 building blocks made of
+them (K loop, tile, split-K reduction, epilogue), are written here once and assembled by gemm.py,
+decode.py and grouped_gemm.py; the decoders and the loops that call them sit side by side.
+
 Triton is optional (pyproject extra `triton`): without it `HAS_TRITON` is False, the kernels are not
 defined and every host wrapper raises `TritonUnavailableError` with the reason. Under
 TRITON_INTERPRET=1 the same kernels run on CPU tensors through Triton's numpy interpreter (CI).

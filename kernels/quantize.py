@@ -1,5 +1,10 @@
 """Fused NVFP4 quantize: float32/bf16/fp16 -> packed E2M1 + E4M3 block scales (+ the encode scale).
 
+Why one module of ~720 lines: it is the host side of one kernel family (the device code is
+quantize_kernels.py). Its entry points (`nvfp4_quantize`, `_batched`, `_grouped`, `_segments_t`,
+`row_amax`) share one problem description (`_Problem`), one tile choice and one launch, and the
+account of the arithmetic below is what each of them follows.
+
 The kernel works on a logical (R, C) matrix quantized along C, read through strides, so one kernel
 serves x (..., K) along K and, with `transpose=True`, xᵀ along the rows of x (the wgrad operands)
 without a transposed copy. One program quantizes a (BLOCK_R, BLOCK_C) tile in one pass:
