@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -159,27 +158,6 @@ def memory_kwargs(sampler_cfg, local_world: int) -> dict[str, Any]:
     if sampler_cfg.gpu_memory_utilization is not None:
         out["gpu_memory_utilization"] = sampler_cfg.gpu_memory_utilization
     return out
-
-
-def make_colocated_vllm(cfg, recipe, rank: int, world: int):
-    """Every rank: its vLLM engine (external launcher) on the sampler checkpoint that rank 0 writes."""
-    from minite.engines.vllm.hf_export import write_sampler_checkpoint
-    from minite.rl.rollout import vllm_sampler
-
-    tp, _ = vllm_layout(cfg.sampler, world)
-    sampler_dir = Path(cfg.out_dir) / "sampler_checkpoint"
-    if rank == 0:  # <out> is on a file system every node sees (docs/cluster.md)
-        write_sampler_checkpoint(cfg.model_dir, sampler_dir, recipe)
-    dist.barrier()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return vllm_sampler(
-        cfg,
-        recipe,
-        sampler_dir,
-        distributed_executor_backend="external_launcher",
-        tensor_parallel_size=tp,
-        **memory_kwargs(cfg.sampler, local_world),
-    )
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ every engine loads it through vLLM's in-place `reload_weights`.
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torc
 
 def vllm_sampler(cfg: TrainConfig, recipe, sampler_dir: Path, **engine: Any):
     """The vLLM engine of `cfg.sampler` on the checkpoint `sampler_dir`; `engine`: how this process runs
-    it (one process: `make_sampler`; one engine per rank: minite.distributed.ranks.make_colocated_vllm)."""
+    it (one process: `make_sampler`; one engine per rank: `make_colocated_vllm`)."""
     from minite.engines.vllm.engine import VLLMSampler
 
     return VLLMSampler(
@@ -91,6 +92,29 @@ def vllm_sampler(cfg: TrainConfig, recipe, sampler_dir: Path, **engine: Any):
         seed=cfg.seed,
         max_model_len=cfg.sampler.max_model_len,
         **engine,
+    )
+
+
+def make_colocated_vllm(cfg, recipe, rank: int, world: int):
+    """Every rank: its vLLM engine (external launcher) on the sampler checkpoint that rank 0 writes."""
+    import torch.distributed as dist
+
+    from minite.distributed.ranks import memory_kwargs, vllm_layout
+    from minite.engines.vllm.hf_export import write_sampler_checkpoint
+
+    tp, _ = vllm_layout(cfg.sampler, world)
+    sampler_dir = Path(cfg.out_dir) / "sampler_checkpoint"
+    if rank == 0:  # <out> is on a file system every node sees (docs/cluster.md)
+        write_sampler_checkpoint(cfg.model_dir, sampler_dir, recipe)
+    dist.barrier()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return vllm_sampler(
+        cfg,
+        recipe,
+        sampler_dir,
+        distributed_executor_backend="external_launcher",
+        tensor_parallel_size=tp,
+        **memory_kwargs(cfg.sampler, local_world),
     )
 
 
@@ -167,7 +191,7 @@ class Rollout:
         self.sampler = None
         self.tp, self.replicas = 1, 1
         if ranks.data_parallel:
-            from minite.distributed.ranks import make_colocated_vllm, vllm_layout
+            from minite.distributed.ranks import vllm_layout
 
             if self.colocated:
                 self.tp, self.replicas = vllm_layout(cfg.sampler, ranks.world)

@@ -166,10 +166,10 @@ def test_train_dist_vllm_memory_share(
     import torch.distributed as dist
 
     import minite.engines.vllm.engine as engine
-    from minite.distributed.ranks import make_colocated_vllm
     from minite.engines.vllm.memory import ENGINES_ENV
     from minite.recipes import get_recipe
     from minite.rl.config import SamplerConfig, TrainConfig
+    from minite.rl.rollout import make_colocated_vllm
 
     seen = {}
 
