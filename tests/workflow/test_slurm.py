@@ -115,6 +115,13 @@ def _pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def _cluster_processes(d: Path) -> list[str]:
     """Processes of the cluster in `d`: what pgrep finds by its folder (every daemon's command line
     names it) and anything whose environment names it (slurmstepd, job processes, a Snakemake still
@@ -530,7 +537,10 @@ def test_train_dist_runs_two_gloo_ranks_inside_its_allocation(slurm_run, cluster
                 tracked = _listpids(cluster, jid)
                 for pid in _pids():
                     env = dict(v.split("=", 1) for v in _environ(pid) if "=" in v)
-                    if env.get("SLURM_JOB_ID") == jid and "RANK" in env and env.get("WORLD_SIZE"):
+                    # a rank is a torchrun worker; its children (a `git` the loop runs, a compile worker)
+                    # inherit RANK too, but may end before SLURM's process tracking lists them
+                    is_rank = "minite.distributed.torchrun_entry" in _cmdline(pid)
+                    if is_rank and env.get("SLURM_JOB_ID") == jid and "RANK" in env and env.get("WORLD_SIZE"):
                         ranks[env["RANK"]] = (pid, env["WORLD_SIZE"])
                         # a rank started after the snapshot above is asked about again before it counts
                         late = tracked and pid not in tracked and pid not in _listpids(cluster, jid)
