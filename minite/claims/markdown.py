@@ -71,6 +71,12 @@ def arms_table(result: dict[str, Any]) -> str:
     return head + body
 
 
+def _short(commit: Any) -> str:
+    """A commit's first 12 digits, keeping "-dirty" (the run's checkout had uncommitted edits)."""
+    c = str(commit)
+    return c[:12] + ("-dirty" if c.endswith("-dirty") else "")
+
+
 def provenance_table(result: dict[str, Any]) -> str:
     """How many seeds of each arm came from which commit and machine
     (minite.rl.results_ledger)."""
@@ -82,7 +88,7 @@ def provenance_table(result: dict[str, Any]) -> str:
         "|---|---|---:|---|---|---|---|---|\n"
     )
     body = "".join(
-        f"| {r['arm']} | {', '.join(map(str, r['seeds']))} | {len(r['seeds'])} | `{str(r['commit'])[:12]}` | "
+        f"| {r['arm']} | {', '.join(map(str, r['seeds']))} | {len(r['seeds'])} | `{_short(r['commit'])}` | "
         f"{r.get('machine', '')} | {r.get('hardware', '')} | {r.get('device_kind', '')} | "
         f"{r.get('engine', '')} |\n"
         for r in rows
