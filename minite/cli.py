@@ -35,6 +35,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "minite.commands.ledger:main",
         "the results ledger: file finished RL runs as records that pool across runs and machines",
     ),
+    "calibrate-noise": (
+        "minite.commands.calibrate_noise:main",
+        "the positive control's logit-noise levels, calibrated from the results ledger",
+    ),
     "log": ("minite.commands.log:main", "log a stage's JSON output to MLflow"),
     "plan": ("minite.commands.plan:main", "meta-device model, NVFP4/BF16 split and per-GPU memory plan"),
     "train-dist": ("minite.commands.train_dist:main", "GRPO RL, FSDP2 learner on N processes (torchrun)"),

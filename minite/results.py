@@ -39,7 +39,15 @@ def record_path(md: Path) -> Path:
 
 def kind_of(record: dict[str, Any]) -> str:
     """Which renderer a record takes, from the keys its writer gives it."""
-    if record.get("kind") in ("learner", "rollout", "document", "rl_h200", "paper_h200", "claims_h200"):
+    if record.get("kind") in (
+        "learner",
+        "rollout",
+        "document",
+        "rl_h200",
+        "paper_h200",
+        "claims_h200",
+        "noise_calibration",
+    ):
         return record["kind"]
     if record.get("kind") == "learner_scaling_set":
         return "scaling"
@@ -55,7 +63,7 @@ def kind_of(record: dict[str, Any]) -> str:
 def commit_of(record: dict[str, Any]) -> str | None:
     """The code commit the record was measured at."""
     kind = kind_of(record)
-    if kind in ("document", "claims", "claims_h200"):
+    if kind in ("document", "claims", "claims_h200", "noise_calibration"):
         return record.get("commit")
     if kind in ("rl_h200", "paper_h200"):
         return record.get("git_commit")
@@ -68,7 +76,7 @@ def commit_of(record: dict[str, Any]) -> str | None:
 def date_of(record: dict[str, Any]) -> str | None:
     """When the record was measured (ISO date or date-time, as its writer gave it)."""
     kind = kind_of(record)
-    if kind in ("document", "claims", "rl_h200", "paper_h200", "claims_h200"):
+    if kind in ("document", "claims", "rl_h200", "paper_h200", "claims_h200", "noise_calibration"):
         return record.get("date")
     if kind == "scaling":
         return record["runs"][0]["environment"].get("date")
@@ -131,6 +139,12 @@ def _claims(record: dict[str, Any]) -> str:
     return head + claims_markdown(record, heading="##")
 
 
+def _noise_calibration(record: dict[str, Any]) -> str:
+    from minite.claims.noise_calibration import markdown
+
+    return markdown(record)
+
+
 def _v(v: Any, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
@@ -170,20 +184,22 @@ def rl_h200_markdown(report: dict[str, Any]) -> str:
             f"| {_v(_mean(steps, 'mismatch/bitwise_equal_frac'), '.4f')} |"
         )
     lines = [
-        f"# h200 RL: prepare + GRPO per recipe on one GPU ({report['gpu']})", "",
+        f"# h200 RL: prepare + GRPO per recipe on one GPU ({report['gpu']})",
+        "",
         f"- profile `{report['profile']}`; date {report['date']}; "
-        f"git commit {report['git_commit'] or 'n/a'}; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"git commit {report['git_commit'] or 'n/a'}; " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"- whole script {report['total_s']} s; prepare {prep.get('prepare_s', 'n/a')} s on "
         f"{prep.get('device', 'n/a')}: {prep.get('n_params', 0) / 1e6:.0f} M-parameter Qwen3-MoE, "
         f"SFT {sft.get('steps', 'n/a')} steps in {_v(sft.get('wall_s'), '.0f')} s "
         f"({sft.get('stop_reason', 'n/a')}), eval accuracy {_v(prep.get('eval_acc_before'), '.3f')} -> "
         f"{_v(prep.get('eval_acc_after'), '.3f')} (greedy, {prep.get('n_eval', 'n/a')} eval problems)",
-        "", "Per recipe, seed 0: steps done/asked; seconds of the `minite train` process / of its loop; mean "
+        "",
+        "Per recipe, seed 0: steps done/asked; seconds of the `minite train` process / of its loop; mean "
         "step seconds (rollout + learner incl. weight sync); greedy eval accuracy of the starting weights -> "
         "after the last step (the recipe's sampler, `rl.eval.n_examples` problems); mean reward of the first "
         "-> last step; mean over steps of the trainer/sampler gap (mean |Δlogp|, KL k3) and of the fraction "
-        "of bit-identical token log-probs.", "",
+        "of bit-identical token log-probs.",
+        "",
         "| recipe | steps | process / loop s | step s (rollout + learner) | eval acc before -> after "
         "| reward first -> last | mean abs Δlogp | KL k3 | bitwise equal |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -213,7 +229,8 @@ def paper_h200_markdown(report: dict[str, Any]) -> str:
             f"| {_mean(steps, 'response_len_mean'):.0f} |"
         )
     lines = [
-        f"# paper-h200: the paper's setting, larger miniature, one GPU ({report['gpu']})", "",
+        f"# paper-h200: the paper's setting, larger miniature, one GPU ({report['gpu']})",
+        "",
         f"- profile `{report['profile']}`; date {report['date']}; "
         f"git commit {report['git_commit'] or 'n/a'}; whole script {report['total_s']} s",
         f"- model: {prep.get('n_params', 0) / 1e9:.2f} B parameters ({prep.get('model_overrides')}), vocab "
@@ -223,7 +240,8 @@ def paper_h200_markdown(report: dict[str, Any]) -> str:
         "Per recipe, seed 0 (untrained random model: the numbers are the pipeline's): RL steps; seconds of "
         "the `minite train` process; mean step seconds (rollout + learner incl. weight sync); peak memory "
         "after the last step, CUDA allocated / process RSS (MiB); mean |Δlogp| over steps / its max over "
-        "every token; KL k3; fraction of bit-identical token log-probs; mean completion tokens.", "",
+        "every token; KL k3; fraction of bit-identical token log-probs; mean completion tokens.",
+        "",
         "| recipe | steps | process s | step s (rollout + learner) | peak MiB cuda / rss "
         "| \\|Δlogp\\| mean / max | KL k3 | bitwise equal | tokens |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -285,6 +303,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "rl_h200": rl_h200_markdown,
     "paper_h200": paper_h200_markdown,
     "claims_h200": claims_h200_markdown,
+    "noise_calibration": _noise_calibration,
 }
 
 

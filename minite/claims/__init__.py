@@ -7,13 +7,14 @@
 - `intervals.py`: intervals over seeds: Student t, paired t, Welch, prediction, bootstrap, and the seeds
   a difference would need.
 - `markdown.py`: the Claims section as Markdown and the committed record (claims.md + claims.json).
+- `noise_calibration.py`: the positive control's logit-noise levels, calibrated from ledger records
+  (`minite calibrate-noise`).
 
 The names the verb, the figures and the configs use are importable from `minite.claims` itself.
 """
 
+from minite.claims.noise_calibration import NoiseControl, calibrate_logit_noise
 from minite.claims.verdicts import (
-    NoiseControl,
-    calibrate_logit_noise,
     effects_2x2,
     evaluate,
     fmt_interval,

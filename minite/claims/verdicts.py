@@ -98,7 +98,6 @@ from __future__ import annotations
 import glob
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -677,65 +676,6 @@ def effects_2x2(arms: dict[str, dict], roles: dict[str, Any], level: float) -> l
     return out
 
 
-@dataclass(frozen=True)
-class NoiseControl:
-    """One positive-control arm: the aligned recipe with the logit-noise sampler at `level` (its std),
-    or at the level whose gap is `target_gap` (mean |Δlogp|), or `multiple` x the measured gap of arm
-    `of` (te_nvfp4's gap and 10x it, the issue's control). Exactly one of level / target_gap / of."""
-
-    arm: str
-    level: float | None = None
-    target_gap: float | None = None
-    of: str | None = None
-    multiple: float = 1.0
-
-    def __post_init__(self) -> None:
-        given = [k for k in ("level", "target_gap", "of") if getattr(self, k) is not None]
-        if not given:
-            raise ConfigError(
-                f"positive control {self.arm!r}: no target gap or level; set level (the logit noise std), "
-                "target_gap (a mean |Δlogp|) or of (an arm whose measured gap, x multiple, is the target)"
-            )
-        if len(given) > 1:
-            raise ConfigError(
-                f"positive control {self.arm!r}: give one of level, target_gap, of (got {given})"
-            )
-        for k in ("level", "target_gap"):
-            v = getattr(self, k)
-            if v is not None and not 0 < v < math.inf:  # NaN fails too
-                raise ConfigError(f"positive control {self.arm!r}: {k} must be a finite number > 0, got {v}")
-        if not 0 < self.multiple < math.inf:
-            raise ConfigError(f"positive control {self.arm!r}: multiple must be > 0, got {self.multiple}")
-
-    def resolve(self, points: Sequence[tuple[float, float]], gaps: dict[str, float]) -> float:
-        """The logit-noise std to run: `level`, or calibrated from measured (std, gap) `points` to the
-        target (`gaps`: measured gap per arm, for `of`)."""
-        if self.level is not None:
-            return self.level
-        target = self.target_gap
-        if self.of is not None:
-            if self.of not in gaps or not gaps[self.of] or not math.isfinite(gaps[self.of]):
-                raise ConfigError(f"positive control {self.arm!r}: no measured gap of arm {self.of!r}")
-            target = self.multiple * gaps[self.of]
-        return calibrate_logit_noise(points, float(target))
-
-
-def calibrate_logit_noise(points: Sequence[tuple[float, float]], target_gap: float) -> float:
-    """The logit-noise std whose gap is `target_gap`, from measured (std, gap) points: linear in
-    log(std)-log(gap) between the two points around the target (the nearest two when it lies outside).
-    The gap of noise on the sampler's logits grows about as std² for small std (sampled tokens lean to
-    where the noise pushed), so log-log is the scale where it is close to a line."""
-    pts = sorted((float(s), float(g)) for s, g in points if s > 0 and g > 0)
-    if len(pts) < 2:
-        raise ConfigError("calibrate_logit_noise: needs >= 2 measured (std > 0, gap > 0) points")
-    if not target_gap > 0:
-        raise ConfigError(f"calibrate_logit_noise: target_gap must be > 0, got {target_gap}")
-    i = next((k for k in range(1, len(pts)) if pts[k][1] >= target_gap), len(pts) - 1)
-    (s0, g0), (s1, g1) = pts[i - 1], pts[i]
-    slope = (math.log(g1) - math.log(g0)) / (math.log(s1) - math.log(s0))
-    return math.exp(math.log(s0) + (math.log(target_gap) - math.log(g0)) / slope)
-
-
 def check_positive_control(arms: dict[str, dict], roles: dict[str, Any]) -> None:
     """Refuse, before any verdict, a positive-control arm that injects nothing (logit noise 0)."""
     for c in roles.get("positive_control", []):
@@ -743,7 +683,7 @@ def check_positive_control(arms: dict[str, dict], roles: dict[str, Any]) -> None
             raise ConfigError(
                 f"claims.positive_control: arm {c!r} has no logit noise (level 0); a positive control "
                 "injects mismatch: set rl.sampler.logit_noise in its ablation file (calibrated with "
-                "minite.claims.calibrate_logit_noise to a target gap)"
+                "`minite calibrate-noise`, minite.claims.noise_calibration)"
             )
 
 

@@ -626,48 +626,6 @@ def test_minite_claims_verb_writes_json_md_figures_and_record(tmp_path, capsys):
 # --- the positive control ---------------------------------------------------------------------------
 
 
-def test_a_noise_control_without_a_target_gap_or_level_is_refused():
-    from minite.configuration import ConfigError
-
-    with pytest.raises(ConfigError, match="no target gap or level"):
-        C.NoiseControl("minite_noise_te")
-    with pytest.raises(ConfigError, match="give one of level, target_gap, of"):
-        C.NoiseControl("x", level=1.0, of="te_nvfp4")
-    with pytest.raises(ConfigError, match="level must be a finite number > 0"):
-        C.NoiseControl("x", level=float("nan"))
-    with pytest.raises(ConfigError, match="multiple must be > 0"):
-        C.NoiseControl("x", of="te_nvfp4", multiple=0)
-    pts = [(1.0, 0.01), (10.0, 1.0)]  # gap = 0.01 std²: log-log slope 2
-    assert C.NoiseControl("x", level=0.3).resolve(pts, {}) == 0.3
-    assert C.NoiseControl("x", target_gap=0.04).resolve(pts, {}) == pytest.approx(2.0)
-    assert C.NoiseControl("x", of="te", multiple=10).resolve(pts, {"te": 0.025}) == pytest.approx(5.0)
-    with pytest.raises(ConfigError, match="no measured gap of arm 'te'"):
-        C.NoiseControl("x", of="te").resolve(pts, {})
-
-
-def test_calibrate_logit_noise_by_hand():
-    pts = [(3.0, 0.09), (1.0, 0.01), (10.0, 1.0)]  # unsorted; gap = 0.01 std² everywhere
-    assert C.calibrate_logit_noise(pts, 0.04) == pytest.approx(2.0)
-    assert C.calibrate_logit_noise(pts, 0.0025) == pytest.approx(0.5)  # below the points: extrapolated
-    assert C.calibrate_logit_noise(pts, 4.0) == pytest.approx(20.0)
-    with pytest.raises(Exception, match="needs >= 2"):
-        C.calibrate_logit_noise([(1.0, 0.01), (0.0, 0.0)], 0.1)
-
-
-def test_the_positive_control_arms_are_calibrated_from_the_committed_record():
-    from minite.configuration import load_yaml
-
-    root = Path(__file__).resolve().parents[2]
-    rec = json.loads((root / "results" / "reference" / "claims.json").read_text())
-    arms = rec["arms"]
-    pts = [(a["logit_noise"], a["gap"]["mean"]) for a in arms.values() if a["logit_noise"] > 0]
-    gaps = {n: a["gap"]["mean"] for n, a in arms.items()}
-    for name, multiple in (("minite_noise_te", 1), ("minite_noise_te10", 10)):
-        level = load_yaml(root / "configs" / "ablations" / f"{name}.yaml")["rl"]["sampler"]["logit_noise"]
-        want = C.NoiseControl(name, of="te_nvfp4", multiple=multiple).resolve(pts, gaps)
-        assert level == float(f"{want:.2g}"), name
-
-
 def test_a_positive_control_without_noise_is_refused():
     from minite.configuration import ConfigError
 
