@@ -135,6 +135,30 @@ def effects_table(result: dict[str, Any]) -> str:
     return head + body
 
 
+def replay_table(result: dict[str, Any]) -> str:
+    """Routing replay (R3) beside the corrections: the gap it leaves and its quality
+    (minite.claims.verdicts.routing_replay)."""
+    rows = result.get("routing_replay") or []
+    if not rows:
+        return ""
+    head = (
+        "| R3 arm | base arm | gap of the base | gap with R3 | share left | R3 − base, final exact match "
+        "| R3 − aligned |\n|---|---|---|---|---:|---|---|\n"
+    )
+    body = ""
+    for r in rows:
+        if "missing" in r:
+            body += f"| {r['arm']} | {r['base']} | not run: {', '.join(r['missing'])} | | | | |\n"
+            continue
+        left = "—" if r["gap_left"] is None else f"{r['gap_left']:.0%}"
+        body += (
+            f"| {r['arm']} | {r['base']} | {fmt_interval(r['base_gap'], '.2e')} | "
+            f"{fmt_interval(r['gap'], '.2e')} "
+            f"| {left} | {r['shown_minus_base']} | {r.get('shown_minus_aligned', '—')} |\n"
+        )
+    return head + body
+
+
 def dose_lines(result: dict[str, Any]) -> list[str]:
     dr = result.get("dose_response") or {}
     thr = dr.get("threshold")
@@ -205,6 +229,15 @@ def claims_markdown(
             "{each engine's own, aligned}: the alignment effect within each format and the format effect "
             f"within aligned execution ({result['level']:.0%} intervals, paired over seeds where both arms "
             "ran them).\n\n" + et + "\n"
+        )
+    rt = replay_table(result)
+    if rt:
+        parts.append(
+            f"{heading}# Routing replay (R3) beside the corrections\n\nThe sampler records every token's "
+            "experts per MoE layer and the trainer routes each token to them, gate weights from its own "
+            "router (the MoE fix Megatron, verl, NeMo-RL and AReaL ship). Gap: mean |Δlogp|, "
+            f"{result['level']:.0%} intervals over seeds; differences paired over seeds where both arms "
+            "ran them.\n\n" + rt + "\n"
         )
     dl = dose_lines(result)
     if dl:

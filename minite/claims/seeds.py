@@ -170,6 +170,7 @@ def _seed_row(
         "gap_positive": bool(gaps) and all(g > 0 for g in gaps),
         "nonfinite": len(allrecs) - len(recs) + n_events,
         "logit_noise": float((cfg.get("sampler") or {}).get("logit_noise", 0.0) or 0.0),
+        "routing_replay": bool(cfg.get("routing_replay")),
         "corrections": [k for k in CORRECTION_KEYS if grpo.get(k)],
         "same_weights_and_formats": same_weights_and_formats(recipe),
         "gap_bins": gap_bins(recs),

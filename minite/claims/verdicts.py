@@ -76,6 +76,10 @@ the main arms cross format {bf16, NVFP4} with execution {each engine's own, alig
 the alignment effect within each format (bf16_aligned - bf16, minite - te_nvfp4) and the format effect
 within aligned execution (minite - bf16_aligned), as quality differences with the intervals above.
 
+Routing replay (`routing_replay`, role `routing_replay`: {R3 arm: its base arm}): beside the
+corrections, each R3 arm's gap against its base arm's (the share R3 leaves, and the paired difference)
+and its quality against the base and the aligned arm. A comparison, not a verdict.
+
 Sensitivity, stated before any verdict (`sensitivity`): the positive control (role `positive_control`,
 the aligned recipe with the logit-noise sampler calibrated to the naive arm's gap and to 10x it, run at
 the main arms' horizon and seeds) detects harm when some control's CI(quality(control) - quality(aligned))
@@ -88,7 +92,7 @@ wide, the seeds per arm at which the t half-width, with the observed standard de
 small enough (`seeds_needed`; for a paired interval from the spread of the per-seed differences,
 `seeds_needed_paired`).
 
-Why one module of ~900 lines: the rules above are the spec, and each claim's function below applies one
+Why one module of ~950 lines: the rules above are the spec, and each claim's function below applies one
 of them; a reader checks a verdict against its rule in one file (per-seed numbers, intervals and the
 Markdown live beside it in minite/claims/).
 """
@@ -164,6 +168,7 @@ def arm_summary(rows: list[dict[str, Any]], level: float) -> dict[str, Any]:
         "nonfinite": sum(r["nonfinite"] for r in rows),
         "collapsed_seeds": [],
         "logit_noise": rows[0]["logit_noise"],
+        "routing_replay": bool(rows[0].get("routing_replay")),
         "corrections": rows[0]["corrections"],
         "same_weights_and_formats": rows[0]["same_weights_and_formats"],
     }
@@ -676,6 +681,39 @@ def effects_2x2(arms: dict[str, dict], roles: dict[str, Any], level: float) -> l
     return out
 
 
+def routing_replay(arms: dict[str, dict], roles: dict[str, Any], level: float) -> list[dict[str, Any]]:
+    """Routing replay (R3) beside the corrections (role `routing_replay`: {R3 arm: the arm whose routing
+    it replays}): the gap R3 leaves (its mean |Δlogp| against the base arm's, their ratio and the paired
+    difference) and its quality against the base arm and the aligned arm. Not a verdict: R3 is the MoE
+    fix the field ships, the comparator alignment is measured against. Refuses a listed arm that does
+    not run with routing replay."""
+    out = []
+    aligned = roles.get("aligned")
+    for r3, base in (roles.get("routing_replay") or {}).items():
+        row: dict[str, Any] = {"arm": r3, "base": base}
+        if r3 in arms and not arms[r3]["routing_replay"]:
+            raise ConfigError(
+                f"claims.routing_replay: arm {r3!r} does not run with routing replay; list only arms with "
+                "rl.routing_replay: true (configs/ablations/te_nvfp4_r3.yaml, bf16_r3.yaml)"
+            )
+        missing = [n for n in (r3, base) if n not in arms]
+        if missing:
+            row["missing"] = missing
+            out.append(row)
+            continue
+        a, b = arms[r3], arms[base]
+        row["gap"], row["base_gap"] = a["gap"], b["gap"]
+        row["gap_left"] = a["gap"]["mean"] / b["gap"]["mean"] if b["gap"]["mean"] > 0 else None
+        row["gap_minus_base"] = _diff(a, b, level, key="gap").to_dict()
+        row["minus_base"] = _diff_numbers(a, b, level)
+        row["shown_minus_base"] = _shown_diff(a, b, level)
+        if aligned in arms and aligned not in (r3, base):
+            row["minus_aligned"] = _diff_numbers(a, arms[aligned], level)
+            row["shown_minus_aligned"] = _shown_diff(a, arms[aligned], level)
+        out.append(row)
+    return out
+
+
 def check_positive_control(arms: dict[str, dict], roles: dict[str, Any]) -> None:
     """Refuse, before any verdict, a positive-control arm that injects nothing (logit noise 0)."""
     for c in roles.get("positive_control", []):
@@ -827,6 +865,7 @@ def evaluate(
 
     corr = list(roles.get("corrections", []))
     check_positive_control(arms, roles)
+    replay = routing_replay(arms, roles, level)
     sens = sensitivity(arms, roles, level)
     claims = {
         "C1": claim_c1(arms, roles),
@@ -848,9 +887,14 @@ def evaluate(
         "sensitivity": sens,
         "claims": claims,
         "effects_2x2": effects_2x2(arms, roles, level),
+        "routing_replay": replay,
         "dose_response": dose_response(arms, seeds, roles, level),
         "learning": learning(
-            arms, main + list(roles.get("corrections", [])) + list(roles.get("positive_control", []))
+            arms,
+            main
+            + list(roles.get("corrections", []))
+            + list(roles.get("routing_replay") or {})
+            + list(roles.get("positive_control", [])),
         ),
         "gap_by_length": gap_by_length(by_arm),
         "seeds": [

@@ -28,6 +28,7 @@ ROLE_KEYS = (
     "corrections",
     "dose_response",
     "positive_control",
+    "routing_replay",
 )
 # what measures an arm's final quality: lm-eval's exact match of the final checkpoint, or the loop's own
 # greedy accuracy at the last step (runs that made no final lm-eval, such as one GPU call's)
@@ -133,6 +134,7 @@ def main(argv: list[str]) -> int:
             names = [roles["baseline"], roles["naive"], roles["aligned"], roles["aligned_bf16"]]
             names += [*roles.get("corrections", []), *roles.get("dose_response", [])]
             names += roles.get("positive_control", [])
+            names += [n for n in roles.get("routing_replay") or {} if n not in names]
             pooled, provenance, records = ledger_seeds(
                 args.ledger, args.profile, args.runs, names, args.task, sec.get("window")
             )
@@ -165,7 +167,8 @@ def main(argv: list[str]) -> int:
         formats = [f for f in args.formats.split(",") if f]
         kw = dict(formats=formats, dpi=args.dpi, title=args.profile)
         main_arms = [roles["baseline"], roles["aligned_bf16"], roles["naive"], roles["aligned"]]
-        main_arms += [*roles.get("corrections", []), *roles.get("positive_control", [])]
+        main_arms += [*roles.get("corrections", []), *(roles.get("routing_replay") or {})]
+        main_arms += roles.get("positive_control", [])
         steps = max(s["steps"] for s in seeds)
         files = {
             "claims_curves": fig_curves(

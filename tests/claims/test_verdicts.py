@@ -175,7 +175,7 @@ def arms(q: dict[str, list[float]], **kw) -> list[dict]:
                     run,
                     s,
                     x,
-                    kw.get("gap", {}).get(run, gaps[run]),
+                    kw.get("gap", {}).get(run) if run in kw.get("gap", {}) else gaps[run],
                     same=run in ("minite", "minite_act"),
                     corr=("tis",) if run.endswith("tis") else (),
                     noise=1.0 if "noise" in run else 0.0,
@@ -254,6 +254,40 @@ def test_the_2x2_effects():
     eff = {e["effect"]: e for e in res["effects_2x2"]}
     assert eff["alignment within BF16"]["missing"] == ["bf16_aligned"]
     assert "difference" in eff["alignment within NVFP4"]
+
+
+def test_routing_replay_is_reported_beside_the_corrections():
+    from scipy import stats
+
+    from minite.configuration import ConfigError
+
+    q = {**BASE, "te_nvfp4_r3": [0.44, 0.47, 0.45], "bf16_r3": [0.51, 0.50, 0.53]}
+    gap = {"te_nvfp4": 0.1, "te_nvfp4_r3": 0.06, "bf16": 1e-3, "bf16_r3": 4e-4}
+    rows = arms(q, gap=gap)
+    for r in rows:
+        r["routing_replay"] = r["run"].endswith("_r3")
+    roles = {**ROLES, "routing_replay": {"te_nvfp4_r3": "te_nvfp4", "bf16_r3": "bf16", "x_r3": "bf16"}}
+    res = C.evaluate(rows, roles, bench=None)
+    rep = {r["arm"]: r for r in res["routing_replay"]}
+    te = rep["te_nvfp4_r3"]
+    assert te["base"] == "te_nvfp4" and te["gap_left"] == pytest.approx(0.6)
+    assert rep["bf16_r3"]["gap_left"] == pytest.approx(0.4)
+    assert te["gap_minus_base"]["mean"] == pytest.approx(-0.04)
+    ci = stats.ttest_rel(q["te_nvfp4_r3"], q["te_nvfp4"]).confidence_interval(0.95)
+    assert (te["minus_base"]["lo"], te["minus_base"]["hi"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    ci = stats.ttest_rel(q["te_nvfp4_r3"], q["minite"]).confidence_interval(0.95)
+    assert te["minus_aligned"]["lo"] == pytest.approx(ci.low)
+    assert rep["x_r3"]["missing"] == ["x_r3"]
+    assert [r["arm"] for r in res["learning"]][-2:] == ["te_nvfp4_r3", "bf16_r3"]
+    md = claims_markdown(res)
+    assert "Routing replay (R3) beside the corrections" in md
+    assert "| te_nvfp4_r3 | te_nvfp4 | 1.00e-01 " in md and "| 60% |" in md
+    assert "| x_r3 | bf16 | not run: x_r3 |" in md
+    # an arm listed as R3 that does not replay routing is refused, naming it
+    for r in rows:
+        r["routing_replay"] = False
+    with pytest.raises(ConfigError, match="arm 'te_nvfp4_r3' does not run with routing replay"):
+        C.evaluate(rows, roles, bench=None)
 
 
 @pytest.mark.parametrize(
@@ -640,7 +674,7 @@ def test_a_positive_control_without_noise_is_refused():
 
 def test_the_2x2_experiment_overlay():
     from minite.configuration import load_yaml
-    from minite.profiles import load_profile, run_names, run_seeds
+    from minite.profiles import load_profile, resolve_run, run_names, run_seeds
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_profile("claims", load_yaml(root / "configs" / "experiments" / "claims_2x2.yaml"))
@@ -651,3 +685,6 @@ def test_the_2x2_experiment_overlay():
         assert len(seeds[arm]) >= 3, arm
     assert cfg["claims"]["aligned_bf16"] == "bf16_aligned"
     assert cfg["claims"]["positive_control"] == ["minite_noise_te", "minite_noise_te10"]
+    assert cfg["claims"]["routing_replay"] == {"te_nvfp4_r3": "te_nvfp4", "bf16_r3": "bf16"}
+    for arm in cfg["claims"]["routing_replay"]:
+        assert len(seeds[arm]) >= 3 and resolve_run(cfg, arm)["rl"]["routing_replay"] is True, arm
