@@ -8,6 +8,7 @@
 #   ESTIMATES="te_nvfp4=300 minite=120" ...    # a previous call's arm_wall_s: jobs that would not fit wait
 #   ARMS="bf16 te_nvfp4 minite" ...             # a subset of the profile's arms
 #   PREPARED=/path/to/prepare ...               # data/ + base_model/ from an earlier prepare
+#   WHEELS=.whl ...                             # wheels of what the GPU image lacks (scripts/gpu/fetch_wheels.sh)
 #   MINI=1 OUT=/tmp/o WORK=/tmp/w PYTHON=.venv/bin/python bash scripts/gpu/claims_h200.sh
 #       the CPU miniature of exactly this script (tests/workflow/test_claims_h200_script.py): a toy
 #       model, a few steps, device cpu, concurrency 2, ledger name claims-h200-mini
@@ -51,6 +52,19 @@ LOG="$OUT/claims_h200.log"
 : > "$LOG"
 say() { echo "$*" | tee -a "$LOG"; }
 
+# what minite needs beyond the GPU image's torch/transformers stack (jsonschema), from the wheels carried
+# with the call (scripts/gpu/fetch_wheels.sh -> .whl) when this Python lacks it; refused before any run
+WHEELS=${WHEELS:-.whl}
+missing=$($PYTHON -c 'import importlib.util as u; print(" ".join(m for m in ("jsonschema",) if u.find_spec(m) is None))')
+if [ -n "$missing" ]; then
+  if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    say "claims_h200: this Python lacks $missing and no wheels are in $WHEELS: run scripts/gpu/fetch_wheels.sh and carry .whl with the call (or set WHEELS)"
+    exit 1
+  fi
+  $PYTHON -m pip install -q --no-index --find-links "$WHEELS" $missing >>"$LOG" 2>&1 \
+    || { say "claims_h200: installing $missing from $WHEELS failed (see $LOG)"; exit 1; }
+  say "claims_h200: installed $missing from $WHEELS"
+fi
 if [ "$INSTALL" = 1 ]; then
   $PYTHON -m pip install -q --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 || { say "pip install failed"; exit 1; }
 fi

@@ -187,3 +187,19 @@ def test_packing_refuses_more_files_than_a_gpu_call_returns(tmp_path):
         (out / f"extra{i}.log").write_text("x")
     with pytest.raises(SystemExit, match="at most 8"):
         D.pack(out, work, "p", ["bf16"], [], report)
+
+
+def test_a_python_without_jsonschema_and_no_wheels_is_refused_before_any_run(tmp_path):
+    """The H200 image lacks jsonschema: without carried wheels the script stops at once, naming the fix
+    (python -S: no site-packages, so no jsonschema)."""
+    out, work, wheels = tmp_path / "out", tmp_path / "work", tmp_path / "no-wheels"
+    env = {**os.environ, "MINI": "1", "OUT": str(out), "WORK": str(work), "WHEELS": str(wheels)}
+    env["PYTHON"] = f"{sys.executable} -S"
+    res = subprocess.run(
+        ["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (
+        "lacks jsonschema and no wheels are in" in res.stdout and "scripts/gpu/fetch_wheels.sh" in res.stdout
+    )
+    assert not (out / "claims_h200.json").exists() and not work.exists() or not any(work.iterdir())
