@@ -12,7 +12,11 @@ tests/claims/test_noise_calibration.py checks the two agree).
 
     minite calibrate-noise --ledger results/ledger --profile claims \
         --control minite_noise_te=te_nvfp4x1 --control minite_noise_te10=te_nvfp4x10 \
-        --record results/reference/noise_calibration
+        --previous results/reference/noise_calibration.json --record results/reference/noise_calibration
+
+A level that was recalibrated takes its records out of the ledger (they no longer pool); `--previous`
+keeps their points, from the calibration record that retired them, so that the curve is read from
+every level ever run (each point names the commit its record was filed at).
 """
 
 from __future__ import annotations
@@ -127,9 +131,13 @@ def calibration(
     controls: Sequence[NoiseControl],
     levels: dict[str, float],
     tolerance: float = TOLERANCE,
+    previous: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The calibration record of `controls` from the ledger at `root`/`profile` (`levels`: each control
-    arm's std as configured now). Every control gets the level to run and why."""
+    arm's std as configured now). Every control gets the level to run and why. `previous`: the points of
+    an earlier calibration record, kept beside the ledger's (a record whose level was recalibrated leaves
+    the ledger, since it no longer pools, but its point still tells where the curve runs); a ledger
+    record of the same arm, seed and hash replaces its earlier point."""
     if not 0 < tolerance < 1:
         raise ConfigError(f"calibrate-noise: tolerance must be in (0, 1), got {tolerance}")
     naive: dict[str, dict[str, Any]] = {}
@@ -141,7 +149,12 @@ def calibration(
             )
         naive[arm] = {"seeds": [p["seed"] for p in pts], "gaps": [p["gap"] for p in pts]}
         naive[arm]["gap"] = _mean(naive[arm]["gaps"])
+    arms = {c.arm for c in controls}
     points = [p for c in controls for p in ledger_points(root, profile, c.arm)]
+    have = {(p["arm"], p["seed"], p["hash"]) for p in points}
+    points = [
+        p for p in previous if p["arm"] in arms and (p["arm"], p["seed"], p["hash"]) not in have
+    ] + points
     by_level: dict[float, list[float]] = {}
     for p in points:
         if p["level"] > 0:

@@ -3,7 +3,7 @@ ledger (minite.claims.noise_calibration says how, and when a configured level is
 
     minite calibrate-noise --ledger results/ledger --profile claims \
         --control minite_noise_te=te_nvfp4x1 --control minite_noise_te10=te_nvfp4x10 \
-        --record results/reference/noise_calibration
+        --previous results/reference/noise_calibration.json --record results/reference/noise_calibration
 
 Prints each control's level to run; with --record also writes <stem>.json (the points, the targets,
 the decisions, commit, date, machine, command) and <stem>.md rendered from it. The levels go into
@@ -51,6 +51,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--profile", required=True, help="the profile whose records and control levels to read")
     p.add_argument("--control", action="append", required=True, help="ARM=OFxMULTIPLE (repeatable)")
     p.add_argument("--tolerance", type=float, default=None, help="keep a level within this share of target")
+    p.add_argument(
+        "--previous",
+        help="an earlier calibration record (JSON): its points join the ledger's (records "
+        "retired from the ledger by a recalibration)",
+    )
     p.add_argument("--record", help="also write <stem>.json and <stem>.md")
     args = p.parse_args(argv)
 
@@ -69,7 +74,15 @@ def main(argv: list[str]) -> int:
             for c in controls
         }
         tol = TOLERANCE if args.tolerance is None else args.tolerance
-        rec = calibration(args.ledger, cfg.get("name", args.profile), controls, levels, tol)
+        previous = []
+        if args.previous:
+            prev = json.loads(Path(args.previous).read_text())
+            if prev.get("kind") != "noise_calibration":
+                raise ConfigError(
+                    f"--previous {args.previous}: not a calibration record (kind noise_calibration)"
+                )
+            previous = prev["points"]
+        rec = calibration(args.ledger, cfg.get("name", args.profile), controls, levels, tol, previous)
         for arm, c in rec["controls"].items():
             print(f"{arm}: logit_noise {c['level']:g} ({c['decision']})")
         if args.record:

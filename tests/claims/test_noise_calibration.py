@@ -3,6 +3,7 @@ levels, calibrated from results-ledger records; and the committed calibration ag
 configs/ablations/ runs."""
 
 import copy
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -51,6 +52,7 @@ def _file(ledger: Path, arm: str, seed: int, level: float, gap: float | None) ->
     rec = copy.deepcopy(json.loads(TEMPLATE.read_text()))
     rec.update(arm=arm, seed=seed)
     rec["config"]["sampler"]["logit_noise"] = level
+    rec["hash"] = hashlib.sha256(f"{arm} {level}".encode()).hexdigest()[:16]  # a level is a hash of its own
     if gap is None:
         del rec["summary"][N.GAP_KEY]
     else:
@@ -103,6 +105,28 @@ def test_a_control_never_run_at_its_configured_level_is_recalibrated(ledger):
     assert te["level"] == float(f"{te['calibrated']:.2g}")
 
 
+def test_points_of_retired_records_come_from_the_previous_calibration(ledger, tmp_path):
+    """A recalibrated level's records leave the ledger; the calibration that retired them still gives
+    their points, and a ledger record of the same arm, seed and hash replaces its earlier point."""
+    levels = {"minite_noise_te": 0.75, "minite_noise_te10": 3.3}
+    first = N.calibration(ledger, "claims", CONTROLS, levels)
+    for f in (ledger / "claims" / "minite_noise_te10").glob("*.json"):
+        f.unlink()
+    _file(ledger, "minite_noise_te10", 0, 3.3, 0.9)
+    alone = N.calibration(ledger, "claims", CONTROLS, levels)
+    assert [g["level"] for g in alone["levels"]] == [0.75, 3.3]
+    both = N.calibration(ledger, "claims", CONTROLS, levels, previous=first["points"])
+    assert [(g["level"], g["n"]) for g in both["levels"]] == [(0.75, 1), (2.3, 2), (3.3, 1)]
+    te10 = both["controls"]["minite_noise_te10"]
+    # the target 0.4 lies between the 2.3 and 3.3 points: interpolated on that segment
+    slope = math.log(0.9 / 0.22) / math.log(3.3 / 2.3)
+    assert 0.22 * (te10["calibrated"] / 2.3) ** slope == pytest.approx(0.4)
+    assert te10["level"] == 2.7 and te10["ratio_now"] == pytest.approx(0.9 / 0.4)
+    # the te-level control's own point is in the ledger and in `previous`: counted once
+    again = N.calibration(ledger, "claims", CONTROLS, levels, previous=both["points"])
+    assert [(g["level"], g["n"]) for g in again["levels"]] == [(0.75, 1), (2.3, 2), (3.3, 1)]
+
+
 def test_bad_ledgers_are_refused_with_the_reason(ledger, tmp_path):
     levels = {"minite_noise_te": 0.75, "minite_noise_te10": 2.3}
     with pytest.raises(ConfigError, match="no record of 'te_nvfp4'"):
@@ -140,6 +164,9 @@ def test_the_verb_writes_a_record_that_renders_as_published(ledger, tmp_path, ca
     assert "| minite_noise_te10 | 10 x te_nvfp4 = 0.4 |" in md.read_text()
     assert main([*args[:4], "--control", "minite_noise_te10=te_nvfp4"]) == 2
     assert "expected ARM=OFxMULTIPLE" in capsys.readouterr().err
+    assert main([*args, "--previous", str(TEMPLATE)]) == 2
+    assert "not a calibration record" in capsys.readouterr().err
+    assert main([*args, "--previous", str(stem.with_suffix(".json"))]) == 0
 
 
 def test_the_ablation_files_run_the_committed_calibration():
