@@ -131,7 +131,8 @@ def _claims(record: dict[str, Any]) -> str:
     head = (
         f"# The paper's claims, measured (profile `{record['profile']}`)\n\n"
         f"Command: `{record['command']}`. Code commit `{record['commit']}`, {record['date']}. Seeds {seeds}; "
-        "numbers and intervals from `claims.json` beside this file (built by `minite claims`).\n\n"
+        "numbers and intervals from the JSON record of the same name beside this file (built by "
+        "`minite claims`).\n\n"
     )
     summary = record.get("summary")
     if summary:

@@ -283,12 +283,11 @@ def record(
     stem = Path(out_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     meta = {"profile": profile, "commit": commit, "date": date, "command": command}
-    (stem.with_suffix(".json")).write_text(json.dumps({**meta, **result}, indent=2, default=str) + "\n")
-    seeds = sorted({s for a in result["arms"].values() for s in a["seeds"]})
-    head = (
-        f"# The paper's claims, measured (profile `{profile}`)\n\n"
-        f"Command: `{command}`. Code commit `{commit}`, {date}. Seeds {seeds}; numbers and intervals from "
-        f"`{stem.with_suffix('.json').name}` beside this file (built by `minite claims`).\n\n"
-    )
-    (stem.with_suffix(".md")).write_text(head + claims_markdown(result, heading="##"))
-    return [str(stem.with_suffix(".md")), str(stem.with_suffix(".json"))]
+    rec = json.loads(json.dumps({**meta, **result}, default=str))
+    js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
+    js.write_text(json.dumps(rec, indent=2) + "\n")
+    # the Markdown is the record rendered, exactly as `python -m minite.results` renders it
+    from minite.results import render_record
+
+    md.write_text(render_record(rec, js.name))
+    return [str(md), str(js)]
