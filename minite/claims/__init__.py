@@ -6,7 +6,7 @@
   windows, gap, ...).
 - `intervals.py`: intervals over seeds: Student t, paired t, Welch, prediction, bootstrap, and the seeds
   a difference would need.
-- `markdown.py`: the Claims section as Markdown and the committed record (claims.md + claims.json).
+- `markdown.py`: the Claims section as Markdown (`minite claims --record` writes claims.md + claims.json).
 - `noise_calibration.py`: the positive control's logit-noise levels, calibrated from ledger records
   (`minite calibrate-noise`).
 

@@ -7,9 +7,7 @@ minite/claims/verdicts.py's docstring, quoted in short here so the section can b
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 from minite.claims.verdicts import fmt_interval
@@ -274,20 +272,3 @@ def claims_markdown(
             "machine:\n\n" + pt + "\n"
         )
     return "".join(parts)
-
-
-def record(
-    result: dict[str, Any], out_stem: str | Path, *, commit: str, date: str, command: str, profile: str
-) -> list[str]:
-    """results/reference/claims.md + claims.json: the result with its provenance."""
-    stem = Path(out_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"profile": profile, "commit": commit, "date": date, "command": command}
-    rec = json.loads(json.dumps({**meta, **result}, default=str))
-    js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
-    js.write_text(json.dumps(rec, indent=2) + "\n")
-    # the Markdown is the record rendered, exactly as `python -m minite.results` renders it
-    from minite.results import render_record
-
-    md.write_text(render_record(rec, js.name))
-    return [str(md), str(js)]

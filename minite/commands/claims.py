@@ -72,6 +72,23 @@ def _folder_provenance(seeds: list[dict], have: set[tuple[str, int]]) -> list[di
     ]
 
 
+def write_record(
+    result: dict, out_stem: str | Path, *, commit: str, date: str, command: str, profile: str
+) -> list[str]:
+    """<stem>.json (the result with its provenance) and <stem>.md, the record rendered exactly as
+    `python -m minite.results` renders it."""
+    from minite.results import render_record
+
+    stem = Path(out_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"profile": profile, "commit": commit, "date": date, "command": command}
+    rec = json.loads(json.dumps({**meta, **result}, default=str))
+    js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
+    js.write_text(json.dumps(rec, indent=2) + "\n")
+    md.write_text(render_record(rec, js.name))
+    return [str(md), str(js)]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite claims", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -119,7 +136,7 @@ def main(argv: list[str]) -> int:
         if missing:
             raise FileNotFoundError(f"--rl: no metrics.jsonl in {missing[:3]}")
         from minite.claims import evaluate, load_seeds
-        from minite.claims.markdown import claims_markdown, record
+        from minite.claims.markdown import claims_markdown
         from minite.figures.claims_plots import fig_curves, fig_dose, fig_final, fig_gap_length
         from minite.figures.style import apply_style
         from minite.tracking import git_commit
@@ -194,7 +211,7 @@ def main(argv: list[str]) -> int:
         if args.record:
             date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
             command = args.command or f"snakemake --cores 2 --config profile={args.profile}"
-            written += record(
+            written += write_record(
                 result, args.record, commit=git_commit(), date=date, command=command, profile=args.profile
             )
         if args.mlflow_experiment:
