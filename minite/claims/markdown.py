@@ -1,5 +1,5 @@
-"""The Claims section as Markdown (for paper/<profile>/report.md and results/reference/claims.md), and
-the committed record of an experiment (claims.md + claims.json with commit, date and command).
+"""The Claims section as Markdown (for paper/<profile>/report.md and results/reference/claims.md, whose
+record `minite claims --record` writes with commit, date and command).
 
 Everything printed comes from the `minite.claims.evaluate` result; the verdict rules are those of
 minite/claims/verdicts.py's docstring, quoted in short here so the section can be read on its own.
