@@ -703,7 +703,12 @@ def routing_replay(arms: dict[str, dict], roles: dict[str, Any], level: float) -
             continue
         a, b = arms[r3], arms[base]
         row["gap"], row["base_gap"] = a["gap"], b["gap"]
-        row["gap_left"] = a["gap"]["mean"] / b["gap"]["mean"] if b["gap"]["mean"] > 0 else None
+        # the share left, over the seeds both ran (the base arm may have more)
+        ga, gb = _seed_vals(a, "gap"), _seed_vals(b, "gap")
+        common = sorted(set(ga) & set(gb))
+        base_gap = math.fsum(gb[s] for s in common) if common else 0.0
+        row["gap_left"] = math.fsum(ga[s] for s in common) / base_gap if base_gap > 0 else None
+        row["gap_left_seeds"] = common
         row["gap_minus_base"] = _diff(a, b, level, key="gap").to_dict()
         row["minus_base"] = _diff_numbers(a, b, level)
         row["shown_minus_base"] = _shown_diff(a, b, level)

@@ -278,6 +278,13 @@ def test_routing_replay_is_reported_beside_the_corrections():
     ci = stats.ttest_rel(q["te_nvfp4_r3"], q["minite"]).confidence_interval(0.95)
     assert te["minus_aligned"]["lo"] == pytest.approx(ci.low)
     assert rep["x_r3"]["missing"] == ["x_r3"]
+    # the share left is taken over the seeds both arms ran
+    rows3 = [r for r in rows if not (r["run"] == "te_nvfp4_r3" and r["seed"] > 0)]
+    for r in rows3:
+        if r["run"] == "te_nvfp4":
+            r["gap"] = [0.08, 0.1, 0.12][r["seed"]]
+    te = {r["arm"]: r for r in C.evaluate(rows3, roles, bench=None)["routing_replay"]}["te_nvfp4_r3"]
+    assert te["gap_left"] == pytest.approx(0.06 / 0.08) and te["gap_left_seeds"] == [0]
     assert [r["arm"] for r in res["learning"]][-2:] == ["te_nvfp4_r3", "bf16_r3"]
     md = claims_markdown(res)
     assert "Routing replay (R3) beside the corrections" in md
