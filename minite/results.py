@@ -336,6 +336,17 @@ def render_record(record: dict[str, Any], record_name: str) -> str:
     return text + mark(record_name)
 
 
+def write_record(record: dict[str, Any], stem: str | Path, indent: int = 2) -> tuple[Path, Path]:
+    """<stem>.json (the record) and <stem>.md, the record rendered exactly as `python -m minite.results`
+    renders it, so that a writer never needs a second render pass."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
+    js.write_text(json.dumps(record, indent=indent) + "\n")
+    md.write_text(render_record(record, js.name))
+    return md, js
+
+
 def published(root: Path = RESULTS) -> list[Path]:
     """Every Markdown file under results/ that reports a measurement (all of them)."""
     return sorted(p for p in root.rglob("*.md") if p.is_file())

@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from minite.configuration import ConfigError
@@ -117,10 +118,6 @@ def ledger_points(root: str | Path, profile: str, arm: str) -> list[dict[str, An
     return out
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return math.fsum(xs) / len(xs)
-
-
 def _two_digits(x: float) -> float:
     return float(f"{x:.2g}")
 
@@ -148,7 +145,7 @@ def calibration(
                 f"calibrate-noise: the ledger {Path(root) / profile} holds no record of {arm!r}"
             )
         naive[arm] = {"seeds": [p["seed"] for p in pts], "gaps": [p["gap"] for p in pts]}
-        naive[arm]["gap"] = _mean(naive[arm]["gaps"])
+        naive[arm]["gap"] = fmean(naive[arm]["gaps"])
     arms = {c.arm for c in controls}
     points = [p for c in controls for p in ledger_points(root, profile, c.arm)]
     have = {(p["arm"], p["seed"], p["hash"]) for p in points}
@@ -159,7 +156,7 @@ def calibration(
     for p in points:
         if p["level"] > 0:
             by_level.setdefault(p["level"], []).append(p["gap"])
-    grouped = [{"level": s, "gap": _mean(g), "n": len(g)} for s, g in sorted(by_level.items())]
+    grouped = [{"level": s, "gap": fmean(g), "n": len(g)} for s, g in sorted(by_level.items())]
     curve = [(g["level"], g["gap"]) for g in grouped]
     out = {}
     for c in controls:
@@ -175,9 +172,7 @@ def calibration(
         measured = next((g for g in grouped if g["level"] == now), None)
         row["gap_now"] = measured and measured["gap"]
         row["ratio_now"] = measured and measured["gap"] / target
-        row["calibrated"] = (
-            c.resolve(curve, {k: v["gap"] for k, v in naive.items()}) if len(curve) >= 2 else None
-        )
+        row["calibrated"] = calibrate_logit_noise(curve, target) if len(curve) >= 2 else None
         if measured and abs(measured["gap"] / target - 1) <= tolerance:
             row["level"], row["decision"] = now, f"kept: its gap is within {tolerance:.0%} of the target"
         elif row["calibrated"] is not None:

@@ -60,11 +60,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        import platform
-
         from minite.claims.noise_calibration import TOLERANCE, calibration
         from minite.profiles import load_profile, resolve_run
-        from minite.results import render_record
         from minite.tracking import git_commit
 
         controls = [parse_control(c) for c in args.control]
@@ -86,20 +83,18 @@ def main(argv: list[str]) -> int:
         for arm, c in rec["controls"].items():
             print(f"{arm}: logit_noise {c['level']:g} ({c['decision']})")
         if args.record:
-            import os
+            from minite.results import write_record
+            from minite.rl.results_ledger import machine
 
+            m = machine()
             rec.update(
                 commit=git_commit(),
                 date=_dt.date.today().isoformat(),
-                machine=f"{platform.node()} ({os.cpu_count()} CPUs)",
+                machine=f"{m['hostname']} ({m['cpus']} CPUs)",
                 command="minite calibrate-noise " + shlex.join(argv),
             )
-            stem = Path(args.record)
-            stem.parent.mkdir(parents=True, exist_ok=True)
-            js = stem.with_suffix(".json")
-            js.write_text(json.dumps(rec, indent=1) + "\n")
-            stem.with_suffix(".md").write_text(render_record(rec, js.name))
-            print(f"minite calibrate-noise: {js} and {stem.with_suffix('.md')}")
+            md, js = write_record(rec, args.record, indent=1)
+            print(f"minite calibrate-noise: {js} and {md}")
         return 0
 
     return run_guarded(go)

@@ -72,23 +72,6 @@ def _folder_provenance(seeds: list[dict], have: set[tuple[str, int]]) -> list[di
     ]
 
 
-def write_record(
-    result: dict, out_stem: str | Path, *, commit: str, date: str, command: str, profile: str
-) -> list[str]:
-    """<stem>.json (the result with its provenance) and <stem>.md, the record rendered exactly as
-    `python -m minite.results` renders it."""
-    from minite.results import render_record
-
-    stem = Path(out_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"profile": profile, "commit": commit, "date": date, "command": command}
-    rec = json.loads(json.dumps({**meta, **result}, default=str))
-    js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
-    js.write_text(json.dumps(rec, indent=2) + "\n")
-    md.write_text(render_record(rec, js.name))
-    return [str(md), str(js)]
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="minite claims", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,9 +194,11 @@ def main(argv: list[str]) -> int:
         if args.record:
             date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
             command = args.command or f"snakemake --cores 2 --config profile={args.profile}"
-            written += write_record(
-                result, args.record, commit=git_commit(), date=date, command=command, profile=args.profile
-            )
+            from minite.results import write_record
+
+            meta = {"profile": args.profile, "commit": git_commit(), "date": date, "command": command}
+            rec = json.loads(json.dumps({**meta, **result}, default=str))
+            written += [str(f) for f in write_record(rec, args.record)]
         if args.mlflow_experiment:
             from minite.tracking import log_run
 
