@@ -140,15 +140,21 @@ def replay_table(result: dict[str, Any]) -> str:
     if not rows:
         return ""
     head = (
-        "| R3 arm | base arm | gap of the base | gap with R3 | share left | R3 − base, final exact match "
-        "| R3 − aligned |\n|---|---|---|---|---:|---|---|\n"
+        "| R3 arm | base arm | gap of the base | gap with R3 | share left (over the seeds both ran) "
+        "| R3 − base, final exact match | R3 − aligned |\n|---|---|---|---|---:|---|---|\n"
     )
     body = ""
     for r in rows:
         if "missing" in r:
             body += f"| {r['arm']} | {r['base']} | not run: {', '.join(r['missing'])} | | | | |\n"
             continue
-        left = "—" if r["gap_left"] is None else f"{r['gap_left']:.0%}"
+        left = "—"
+        if r["gap_left"] is not None:
+            of = r.get("gap_left_of") or {}
+            seeds = ", ".join(str(s) for s in r.get("gap_left_seeds", []))
+            left = f"{r['gap_left']:.0%}"
+            if of.get("base") is not None:
+                left += f" ({of['r3']:.2e} / {of['base']:.2e}, seeds {seeds})"
         body += (
             f"| {r['arm']} | {r['base']} | {fmt_interval(r['base_gap'], '.2e')} | "
             f"{fmt_interval(r['gap'], '.2e')} "

@@ -285,10 +285,14 @@ def test_routing_replay_is_reported_beside_the_corrections():
             r["gap"] = [0.08, 0.1, 0.12][r["seed"]]
     te = {r["arm"]: r for r in C.evaluate(rows3, roles, bench=None)["routing_replay"]}["te_nvfp4_r3"]
     assert te["gap_left"] == pytest.approx(0.06 / 0.08) and te["gap_left_seeds"] == [0]
+    assert te["gap_left_of"] == {"r3": pytest.approx(0.06), "base": pytest.approx(0.08)}
+    assert "| 75% (6.00e-02 / 8.00e-02, seeds 0) |" in claims_markdown({**res, "routing_replay": [te]})
     assert [r["arm"] for r in res["learning"]][-2:] == ["te_nvfp4_r3", "bf16_r3"]
     md = claims_markdown(res)
     assert "Routing replay (R3) beside the corrections" in md
-    assert "| te_nvfp4_r3 | te_nvfp4 | 1.00e-01 " in md and "| 60% |" in md
+    assert (
+        "| te_nvfp4_r3 | te_nvfp4 | 1.00e-01 " in md and "| 60% (6.00e-02 / 1.00e-01, seeds 0, 1, 2) |" in md
+    )
     assert "| x_r3 | bf16 | not run: x_r3 |" in md
     # an arm listed as R3 that does not replay routing is refused, naming it
     for r in rows:
