@@ -96,3 +96,63 @@ def test_readme_rows_come_from_the_files_they_cite():
         assert numbers, result
         missing = [n for n in numbers if n not in text]
         assert not missing, f"{name}: README's {missing} not in the file"
+
+
+# The prose that quotes the claims: README's paragraph and docs/results.md's section. Their numbers are
+# written by hand, so each must be one the records' rendered files hold, at the precision quoted.
+CLAIMS_PROSE = {
+    "README.md": ("The paper's claims C1-C5", "See [docs/results.md]"),
+    "docs/results.md": ("## The paper's claims", "### The results ledger"),
+}
+CLAIMS_SOURCES = [
+    "results/reference/claims.md",
+    "results/reference/noise_calibration.md",
+    "results/bench/learner_h200.md",
+]
+_NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?:e[-+−]?\d+)?|\d+(?= ?%)")
+
+
+def _quoted(text: str) -> list[str]:
+    return [n.replace("−", "-") for n in _NUMBER.findall(text)]
+
+
+def _matches(quoted: str, held: list[float], held_text: str) -> bool:
+    """`quoted` equals a held number rounded to the digits it was quoted with (3.71e-3 ~ 3.71e-03,
+    0.10 ~ 0.101, +0.056 ~ 0.056); a percentage is held as written."""
+    if "." not in quoted:
+        return re.search(rf"(?<!\d){quoted} ?%", held_text) is not None
+    value = float(quoted)
+    mantissa, _, exp = quoted.lstrip("+-").partition("e")
+    half = 0.5 * 10.0 ** (-len(mantissa.partition(".")[2]) + (int(exp) if exp else 0))
+    return any(abs(h - value) <= half * (1 + 1e-9) for h in held)
+
+
+def _claims_prose(name: str) -> str:
+    start, end = CLAIMS_PROSE[name]
+    text = (ROOT / name).read_text()
+    assert start in text and end in text, (
+        f"{name}: the claims prose is no longer between {start!r} and {end!r}"
+    )
+    return text[text.index(start) : text.index(end, text.index(start))]
+
+
+def _held() -> tuple[list[float], str]:
+    text = "\n".join((ROOT / s).read_text() for s in CLAIMS_SOURCES)
+    return [float(n) for n in _quoted(text) if "." in n], text
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_PROSE))
+def test_claims_prose_quotes_only_numbers_the_records_hold(name):
+    held, held_text = _held()
+    quoted = _quoted(_claims_prose(name))
+    assert len(quoted) >= 8, quoted
+    missing = [q for q in quoted if not _matches(q, held, held_text)]
+    assert not missing, f"{name}: {missing} quoted about the claims, but no record's rendered file holds them"
+
+
+def test_a_stale_claims_number_is_caught():
+    held, held_text = _held()
+    assert _matches("-0.094", held, held_text) and _matches("3.71e-3", held, held_text)
+    assert not _matches("-0.093", held, held_text)
+    assert not _matches("3.70e-3", held, held_text)
+    assert not _matches("12345", held, held_text)
