@@ -37,20 +37,25 @@ def record_path(md: Path) -> Path:
     return doc if doc.is_file() else md.with_suffix(".json")
 
 
+# records that carry their commit and date at the top level, and under which key the commit is (the
+# others carry them in their `environment`, as the benchmarks write it)
+TOP_LEVEL_COMMIT = {
+    "document": "commit",
+    "claims": "commit",
+    "claims_h200": "commit",
+    "noise_calibration": "commit",
+    "rl_h200": "git_commit",
+    "paper_h200": "git_commit",
+}
+
+
 def kind_of(record: dict[str, Any]) -> str:
     """Which renderer a record takes, from the keys its writer gives it."""
-    if record.get("kind") in (
-        "learner",
-        "rollout",
-        "document",
-        "rl_h200",
-        "paper_h200",
-        "claims_h200",
-        "noise_calibration",
-    ):
-        return record["kind"]
-    if record.get("kind") == "learner_scaling_set":
+    kind = record.get("kind")
+    if kind == "learner_scaling_set":
         return "scaling"
+    if kind in RENDERERS:
+        return kind
     if record.get("benchmark") == "attention":
         return "attention"
     if "checks_ok" in record and "rows" in record:
@@ -63,10 +68,8 @@ def kind_of(record: dict[str, Any]) -> str:
 def commit_of(record: dict[str, Any]) -> str | None:
     """The code commit the record was measured at."""
     kind = kind_of(record)
-    if kind in ("document", "claims", "claims_h200", "noise_calibration"):
-        return record.get("commit")
-    if kind in ("rl_h200", "paper_h200"):
-        return record.get("git_commit")
+    if kind in TOP_LEVEL_COMMIT:
+        return record.get(TOP_LEVEL_COMMIT[kind])
     if kind == "scaling":
         commits = {r["environment"].get("git_commit") for r in record["runs"]}
         return commits.pop() if len(commits) == 1 else None
@@ -76,7 +79,7 @@ def commit_of(record: dict[str, Any]) -> str | None:
 def date_of(record: dict[str, Any]) -> str | None:
     """When the record was measured (ISO date or date-time, as its writer gave it)."""
     kind = kind_of(record)
-    if kind in ("document", "claims", "rl_h200", "paper_h200", "claims_h200", "noise_calibration"):
+    if kind in TOP_LEVEL_COMMIT:
         return record.get("date")
     if kind == "scaling":
         return record["runs"][0]["environment"].get("date")
