@@ -151,8 +151,8 @@ def test_claims_prose_quotes_only_numbers_the_records_hold(name):
 
 
 def test_a_stale_claims_number_is_caught():
-    held, held_text = _held()
-    assert _matches("-0.094", held, held_text) and _matches("3.71e-3", held, held_text)
-    assert not _matches("-0.093", held, held_text)
-    assert not _matches("3.70e-3", held, held_text)
-    assert not _matches("12345", held, held_text)
+    held, held_text = [-0.094, 0.00371, 0.101, 0.0426], "| 79% (3.37e-02 / 4.26e-02) | -0.094 |"
+    for quoted in ("-0.094", "−0.094", "3.71e-3", "0.10", "+0.101", "4.26e-2", "79"):
+        assert _matches(quoted.replace("−", "-"), held, held_text), quoted
+    for stale in ("-0.093", "0.094", "3.70e-3", "0.11", "4.25e-2", "78", "12345"):
+        assert not _matches(stale, held, held_text), stale
