@@ -149,12 +149,9 @@ def replay_table(result: dict[str, Any]) -> str:
             body += f"| {r['arm']} | {r['base']} | not run: {', '.join(r['missing'])} | | | | |\n"
             continue
         left = "—"
-        if r["gap_left"] is not None:
-            of = r.get("gap_left_of") or {}
-            seeds = ", ".join(str(s) for s in r.get("gap_left_seeds", []))
-            left = f"{r['gap_left']:.0%}"
-            if of.get("base") is not None:
-                left += f" ({of['r3']:.2e} / {of['base']:.2e}, seeds {seeds})"
+        if r["gap_left"] is not None:  # then some seed is common and both means are set
+            of, seeds = r["gap_left_of"], ", ".join(str(s) for s in r["gap_left_seeds"])
+            left = f"{r['gap_left']:.0%} ({of['r3']:.2e} / {of['base']:.2e}, seeds {seeds})"
         body += (
             f"| {r['arm']} | {r['base']} | {fmt_interval(r['base_gap'], '.2e')} | "
             f"{fmt_interval(r['gap'], '.2e')} "

@@ -706,14 +706,12 @@ def routing_replay(arms: dict[str, dict], roles: dict[str, Any], level: float) -
         # the share left, over the seeds both ran (the base arm may have more)
         ga, gb = _seed_vals(a, "gap"), _seed_vals(b, "gap")
         common = sorted(set(ga) & set(gb))
-        base_gap = math.fsum(gb[s] for s in common) if common else 0.0
-        row["gap_left"] = math.fsum(ga[s] for s in common) / base_gap if base_gap > 0 else None
+        r3_sum, base_sum = math.fsum(ga[s] for s in common), math.fsum(gb[s] for s in common)
+        row["gap_left"] = r3_sum / base_sum if base_sum > 0 else None
         row["gap_left_seeds"] = common
         # the two means the share divides, so that a reader can check it from the row
-        row["gap_left_of"] = {
-            "r3": math.fsum(ga[s] for s in common) / len(common) if common else None,
-            "base": base_gap / len(common) if common else None,
-        }
+        n = len(common) or None
+        row["gap_left_of"] = {"r3": n and r3_sum / n, "base": n and base_sum / n}
         row["gap_minus_base"] = _diff(a, b, level, key="gap").to_dict()
         row["minus_base"] = _diff_numbers(a, b, level)
         row["shown_minus_base"] = _shown_diff(a, b, level)

@@ -108,7 +108,7 @@ def python_as_on_the_gpu(tmp_path: Path) -> Path:
     sitedir.mkdir()
     boot.mkdir()
     for entry in packages.iterdir():
-        top = entry.name.split("-")[0].split(".")[0].lower().replace("-", "_")
+        top = entry.name.split("-")[0].split(".")[0].lower()  # pkg, pkg.py, pkg-1.0.dist-info
         if top not in ABSENT_ON_THE_GPU:
             (sitedir / entry.name).symlink_to(entry)
     (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(sitedir)!r})\n")
