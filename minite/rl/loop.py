@@ -29,7 +29,8 @@ has advantage 0 and carries no signal. With `enable`, the step generates, drops 
 generates another batch of fresh prompts until `prompts_per_step` groups carry signal (the first ones
 are kept) or `max_num_gen_batches` batches were generated; then it stops with an error naming the key
 (`on_exhausted: error`, verl's behaviour) or trains on the groups it has (`partial`; a step with none
-is skipped). Metrics: `rollout/gen_batches`, `rollout/groups_generated`, `rollout/groups_kept`.
+is skipped). Each completion is scored once, as it is sampled, and the step's reward metrics are
+the kept groups'. Metrics: `rollout/gen_batches`, `rollout/groups_generated`, `rollout/groups_kept`.
 
 KL to a reference policy (`grpo.kl_coef` > 0): the frozen starting policy (the weights in `model_dir`),
 executed in the trainer's own recipe numerics (the same module swaps, bf16 copies and, data parallel,
@@ -78,8 +79,10 @@ from minite.rl.records import (  # noqa: F401  (summarize_metrics: this module's
     summarize_metrics,
 )
 from minite.rl.results_ledger import write_ledger_record
+from minite.rl.rewards import Scored
 from minite.rl.rollout import (  # noqa: F401  (make_sampler, evaluate_accuracy: this module's API too)
     Rollout,
+    batch_rewards,
     evaluate_accuracy,
     group_rewards,
     make_sampler,
@@ -188,14 +191,16 @@ def _save(trainer: Trainer, ranks: Ranks, out: Path, state: dict[str, Any]) -> N
 
 def sample_groups(
     cfg: TrainConfig, rollout: Rollout, tokenizer, train_set: list[Example], step: int
-) -> tuple[list[list[Completion]], list[Example], dict[str, float]] | dict[str, Any] | None:
-    """A step's groups and their problems (rank 0; None elsewhere), with dynamic sampling's counts
-    (module docstring); or, when the sampler met non-finite logits, that fault's event (rank 0), which
-    the step raises on every rank. Every rank calls it: each generation batch is a collective with vLLM
-    replicas, and rank 0's decision to stop is broadcast."""
+) -> (
+    tuple[list[list[Completion]], list[Example], list[list[Scored]], dict[str, float]] | dict[str, Any] | None
+):
+    """A step's groups, their problems and their completions' scores (rank 0; None elsewhere), with
+    dynamic sampling's counts (module docstring); or, when the sampler met non-finite logits, that
+    fault's event (rank 0), which the step raises on every rank. Every rank calls it: each generation
+    batch is a collective with vLLM replicas, and rank 0's decision to stop is broadcast."""
     fg = cfg.rollout.filter_groups
     want = cfg.rollout.prompts_per_step
-    kept: list[tuple[list[Completion], Example]] = []
+    kept: list[tuple[list[Completion], Example, list[Scored]]] = []
     generated = batches = 0
     fault: dict[str, Any] | None = None
     while True:
@@ -210,16 +215,17 @@ def sample_groups(
         done = True
         if rollout.ranks.lead and fault is None:
             generated += len(groups)
+            scored = group_rewards(cfg, tokenizer, groups, exs)
             if fg.enable:
-                rewards, _ = group_rewards(cfg, tokenizer, groups, exs)
+                rewards, _ = batch_rewards(cfg, scored)
                 # non-finite rewards: keep the batch whole, the step's reward check reports them
                 signal = [True] * len(groups)
                 if bool(rewards.isfinite().all()):
                     signal = (~zero_variance_groups(rewards, cfg.grpo.group_size)).tolist()
-                kept += [(g, e) for g, e, s in zip(groups, exs, signal, strict=True) if s]
+                kept += [k for k, s in zip(zip(groups, exs, scored, strict=True), signal, strict=True) if s]
                 done = len(kept) >= want or batches >= fg.max_num_gen_batches
             else:
-                kept = list(zip(groups, exs, strict=True))
+                kept = list(zip(groups, exs, scored, strict=True))
         if not fg.enable or rollout.ranks.broadcast(done):
             break
     short = None
@@ -246,7 +252,7 @@ def sample_groups(
         kept.pop()
     counts = {"rollout/gen_batches": float(batches), "rollout/groups_generated": float(generated)}
     counts["rollout/groups_kept"] = float(len(kept))
-    return [g for g, _ in kept], [e for _, e in kept], counts
+    return [g for g, _, _ in kept], [e for _, e, _ in kept], [s for _, _, s in kept], counts
 
 
 def train(
@@ -357,10 +363,10 @@ def train(
             if isinstance(drawn, dict):  # rank 0's sampler met non-finite logits
                 payload = ("fault", drawn, None)
             elif lead:
-                groups, exs, counts = drawn
+                groups, _, scored, counts = drawn
                 completions = [c for g in groups for c in g]
                 if completions:
-                    rewards, reward_stats = group_rewards(cfg, tokenizer, groups, exs)
+                    rewards, reward_stats = batch_rewards(cfg, scored)
                     batch = TokenBatch.from_completions(completions, tokenizer.pad_token_id)
                     payload = (batch, rewards, {**reward_stats, **counts})
                 else:

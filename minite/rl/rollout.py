@@ -32,7 +32,7 @@ from minite.engines.weight_sync import export_weights
 from minite.rl.config import TrainConfig
 from minite.rl.data import Example
 from minite.rl.prompts import encode_prompt, stop_token_ids
-from minite.rl.rewards import completion_text, score_completions
+from minite.rl.rewards import Scored, completion_text, reward_metrics, score_each
 
 
 def make_sampler(cfg: TrainConfig, model_config, recipe, tokenizer, device: torch.device | None = None):
@@ -139,12 +139,12 @@ def step_prompts(
     return exs, prompts, params
 
 
-def _scores(cfg: TrainConfig, tokenizer, completions: list[Completion], exs: list[Example], max_len: int):
+def _scored(cfg: TrainConfig, tokenizer, completions: list[Completion], exs: list[Example], max_len: int):
     texts = [
         completion_text(tokenizer, c.token_ids, cfg.reward.reward_of(e.data_source))
         for c, e in zip(completions, exs, strict=True)
     ]
-    return score_completions(
+    return score_each(
         cfg.reward,
         texts,
         [e.answer for e in exs],
@@ -156,14 +156,23 @@ def _scores(cfg: TrainConfig, tokenizer, completions: list[Completion], exs: lis
 
 def group_rewards(
     cfg: TrainConfig, tokenizer, groups: list[list[Completion]], exs: list[Example]
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The reward of every completion, group by group (the order of the flattened completions), and
-    the step's reward metrics (minite.rl.rewards.score_completions)."""
+) -> list[list[Scored]]:
+    """Every completion scored by the reward, one list per group. Scored once, when sampled: dynamic
+    sampling decides on these, and the step trains on the kept groups' (`batch_rewards`)."""
     flat = [(c, e) for g, e in zip(groups, exs, strict=True) for c in g]
-    _, rewards, stats = _scores(
-        cfg, tokenizer, [c for c, _ in flat], [e for _, e in flat], cfg.rollout.max_new_tokens
-    )
-    return torch.tensor(rewards), stats
+    scored = _scored(cfg, tokenizer, [c for c, _ in flat], [e for _, e in flat], cfg.rollout.max_new_tokens)
+    out, at = [], 0
+    for g in groups:
+        out.append(scored[at : at + len(g)])
+        at += len(g)
+    return out
+
+
+def batch_rewards(cfg: TrainConfig, scored: list[list[Scored]]) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rewards of the groups' completions in order (the flattened completions'), and the step's
+    reward metrics over them (minite.rl.rewards.reward_metrics)."""
+    flat = [s for g in scored for s in g]
+    return torch.tensor([s.reward for s in flat]), reward_metrics(cfg.reward, flat)
 
 
 def evaluate_accuracy(cfg: TrainConfig, sampler, tokenizer, examples: list[Example]) -> float:
@@ -176,8 +185,8 @@ def evaluate_accuracy(cfg: TrainConfig, sampler, tokenizer, examples: list[Examp
         stop_token_ids=stop_token_ids(tokenizer, cfg.model_dir),
     )
     groups = sampler.generate(prompts, params)
-    scores, _, _ = _scores(cfg, tokenizer, [g[0] for g in groups], examples, cfg.eval.max_new_tokens)
-    return sum(s.acc for s in scores) / max(1, len(scores))
+    scored = _scored(cfg, tokenizer, [g[0] for g in groups], examples, cfg.eval.max_new_tokens)
+    return sum(s.score.acc for s in scored) / max(1, len(scored))
 
 
 class Rollout:

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from minite.configuration import ConfigError, from_dict
 from minite.engines.trainer import OptimConfig
 from minite.rl import loop
 from minite.rl.config import EvalConfig, FilterGroupsConfig, RolloutConfig, TrainConfig
 from minite.rl.grpo import GRPOConfig
+from minite.rl.rewards import Score, Scored
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,21 +104,28 @@ def test_kl_resume_equals_uninterrupted(easy_inputs, tmp_path):
 def _parity_reward():
     """A reward that decides by the problem alone: a problem whose answer is even gets 0 for every
     completion (an all-equal group, no signal); an odd one gets 1 for the even-numbered completions of
-    its group and 0 for the others. Deterministic, so some first batches are certain to hold flat groups."""
+    its group and 0 for the others. Deterministic, so some first batches are certain to hold flat groups.
+    `calls` counts the completions it scored."""
 
     def group_rewards(cfg, tokenizer, groups, exs):
-        r = [
-            0.0 if int(e.answer) % 2 == 0 else float(i % 2 == 0)
+        calls.append(sum(len(g) for g in groups))
+        return [
+            [_scored(0.0 if int(e.answer) % 2 == 0 else float(i % 2 == 0)) for i in range(len(g))]
             for g, e in zip(groups, exs, strict=True)
-            for i in range(len(g))
         ]
-        return torch.tensor(r), {"reward/acc": sum(r) / len(r)}
 
+    calls: list[int] = []
+    group_rewards.calls = calls
     return group_rewards
 
 
+def _scored(reward: float) -> Scored:
+    return Scored(Score(reward, reward > 0), 0.0)
+
+
 def test_filter_groups_refills_a_step_with_flat_groups(tiny_inputs, tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "group_rewards", _parity_reward())
+    reward = _parity_reward()
+    monkeypatch.setattr(loop, "group_rewards", reward)
     cfg = _cfg(tiny_inputs, tmp_path / "dapo", steps=3, filter_groups=FilterGroupsConfig(True, 8))
     loop.train(cfg, progress=False)
     rows = _rows(tmp_path / "dapo")
@@ -130,6 +137,9 @@ def test_filter_groups_refills_a_step_with_flat_groups(tiny_inputs, tmp_path, mo
         assert r["rollout/groups_generated"] == 4.0 * r["rollout/gen_batches"]
     # only groups with signal were trained on: half of each kept group's completions score 1
     assert all(r["reward_mean"] == 0.5 for r in rows)
+    assert all(r["reward/acc"] == 0.5 for r in rows)  # the metrics too are the kept groups'
+    # every completion sampled was scored once: dynamic sampling's scores are the ones trained on
+    assert sum(reward.calls) == sum(r["rollout/groups_generated"] for r in rows) * 4
 
 
 def test_filter_groups_off_keeps_flat_groups(tiny_inputs, tmp_path, monkeypatch):
@@ -144,7 +154,7 @@ def test_filter_groups_exhausted_stops_naming_the_key_or_trains_on_what_there_is
     tiny_inputs, tmp_path, monkeypatch
 ):
     def zero(cfg, tokenizer, groups, exs):
-        return torch.zeros(sum(len(g) for g in groups)), {"reward/acc": 0.0}
+        return [[_scored(0.0) for _ in g] for g in groups]
 
     monkeypatch.setattr(loop, "group_rewards", zero)
     fg = FilterGroupsConfig(enable=True, max_num_gen_batches=2)

@@ -150,6 +150,49 @@ def overlong_penalty(n_tokens: int, max_len: int, buffer_len: int, factor: float
     return min(-exceed / buffer_len * factor, 0.0)
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One completion as the reward saw it: its grade and DAPO's overlong penalty (0 when off)."""
+
+    score: Score
+    penalty: float
+
+    @property
+    def reward(self) -> float:
+        return self.score.score + self.penalty
+
+
+def score_each(
+    cfg: RewardConfig,
+    texts: Sequence[str],
+    truths: Sequence[str],
+    data_sources: Sequence[str],
+    n_tokens: Sequence[int],
+    max_len: int,
+) -> list[Scored]:
+    """Every completion of a batch graded, with its overlong penalty."""
+    return [
+        Scored(
+            safe_score(cfg.reward_of(src), text, truth),
+            overlong_penalty(n, max_len, cfg.overlong_buffer_len, cfg.overlong_penalty_factor),
+        )
+        for text, truth, src, n in zip(texts, truths, data_sources, n_tokens, strict=True)
+    ]
+
+
+def reward_metrics(cfg: RewardConfig, scored: Sequence[Scored]) -> dict[str, float]:
+    """The step's reward metrics over `scored`, the completions it trains on."""
+    n = max(1, len(scored))
+    stats = {
+        "reward/acc": sum(s.score.acc for s in scored) / n,
+        "reward/no_answer": float(sum(s.score.no_answer for s in scored)),
+        "reward/errors": float(sum(s.score.error is not None for s in scored)),
+    }
+    if cfg.overlong_buffer_len:
+        stats["reward/overlong"] = float(sum(s.penalty < 0 for s in scored))
+    return stats
+
+
 def score_completions(
     cfg: RewardConfig,
     texts: Sequence[str],
@@ -159,23 +202,8 @@ def score_completions(
     max_len: int,
 ) -> tuple[list[Score], list[float], dict[str, float]]:
     """Scores, rewards (score + overlong penalty) and the step's reward metrics of a batch."""
-    scores = [
-        safe_score(cfg.reward_of(src), text, truth)
-        for text, truth, src in zip(texts, truths, data_sources, strict=True)
-    ]
-    penalties = [
-        overlong_penalty(n, max_len, cfg.overlong_buffer_len, cfg.overlong_penalty_factor) for n in n_tokens
-    ]
-    rewards = [s.score + p for s, p in zip(scores, penalties, strict=True)]
-    n = max(1, len(scores))
-    stats = {
-        "reward/acc": sum(s.acc for s in scores) / n,
-        "reward/no_answer": float(sum(s.no_answer for s in scores)),
-        "reward/errors": float(sum(s.error is not None for s in scores)),
-    }
-    if cfg.overlong_buffer_len:
-        stats["reward/overlong"] = float(sum(p < 0 for p in penalties))
-    return scores, rewards, stats
+    scored = score_each(cfg, texts, truths, data_sources, n_tokens, max_len)
+    return [s.score for s in scored], [s.reward for s in scored], reward_metrics(cfg, scored)
 
 
 __all__ = [
@@ -184,10 +212,13 @@ __all__ = [
     "REWARDS",
     "RewardConfig",
     "Score",
+    "Scored",
     "check_rewards",
     "completion_text",
     "overlong_penalty",
     "reward_for_source",
+    "reward_metrics",
     "safe_score",
+    "score_each",
     "score_completions",
 ]
