@@ -107,7 +107,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
     from minite.rl.data import read_examples
     from minite.rl.prompts import encode_prompt, stop_token_ids
     from minite.rl.reopen import build_sampler, load_trainer, sync
-    from minite.rl.rewards import completion_text, score_completions
+    from minite.rl.rewards import completion_text, score_each
 
     recipe = recipe or get_recipe(cfg.recipe)
     torch.manual_seed(cfg.seed)
@@ -142,7 +142,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
         prompts = [encode_prompt(tok, e, cfg.prompt) for e in examples]
         comps = _sample(sampler, prompts, cfg, stop_token_ids(tok, cfg.model_dir))
         rows = [e for e in examples for _ in range(cfg.samples_per_prompt)]
-        _, rewards, _ = score_completions(
+        scored = score_each(
             cfg.reward,
             [
                 completion_text(tok, c.token_ids, cfg.reward.reward_of(e.data_source))
@@ -197,7 +197,7 @@ def diagnose(cfg: DiagnoseConfig, recipe: Recipe | None = None, sampler=None) ->
         "config": asdict(cfg),
         "n_sequences": len(comps),
         "n_tokens": int(batch.mask.sum()),
-        "sampled_reward_mean": sum(rewards) / max(1, len(rewards)),
+        "sampled_reward_mean": sum(s.reward for s in scored) / max(1, len(scored)),
         "mismatch": gap,
         "full_vocab": {**vocab, "n_sequences": n},
         "trace": {**tr.as_dict(), "engine": cfg.engine, "n_sequences": n},

@@ -14,7 +14,7 @@ as verl's `verl.utils.reward_score.<name>.compute_score` does:
 verl's mapping (`DATA_SOURCES`: math_dapo / math / aime* -> math_dapo, the MATH datasets -> boxed). A
 new task plugs in by adding a module and a registry entry (and, for `auto`, its data_source).
 
-`score_completions` never raises: a grader that fails scores 0 and is counted (`reward/errors`), as
+`score_each` never raises: a grader that fails scores 0 and is counted (`reward/errors`), as
 are completions with nothing to grade (`reward/no_answer`); both go into the per-step metrics. DAPO's
 overlong penalty (`overlong_buffer_len` > 0) adds `min(0, -(L - (max_len - buffer)) / buffer * factor)`
 for a completion of L tokens, max_len being the rollout's `max_new_tokens`, exactly as verl's DAPO
@@ -193,19 +193,6 @@ def reward_metrics(cfg: RewardConfig, scored: Sequence[Scored]) -> dict[str, flo
     return stats
 
 
-def score_completions(
-    cfg: RewardConfig,
-    texts: Sequence[str],
-    truths: Sequence[str],
-    data_sources: Sequence[str],
-    n_tokens: Sequence[int],
-    max_len: int,
-) -> tuple[list[Score], list[float], dict[str, float]]:
-    """Scores, rewards (score + overlong penalty) and the step's reward metrics of a batch."""
-    scored = score_each(cfg, texts, truths, data_sources, n_tokens, max_len)
-    return [s.score for s in scored], [s.reward for s in scored], reward_metrics(cfg, scored)
-
-
 __all__ = [
     "AUTO",
     "DATA_SOURCES",
@@ -220,5 +207,4 @@ __all__ = [
     "reward_metrics",
     "safe_score",
     "score_each",
-    "score_completions",
 ]

@@ -46,7 +46,7 @@ def test_batch_scoring_counts_and_never_raises(monkeypatch):
 
     monkeypatch.setitem(R.REWARDS, "math_dapo", broken)  # a grader that raises, to be counted
     cfg = R.RewardConfig("auto", overlong_buffer_len=4)
-    scores, rewards, stats = R.score_completions(
+    scored = R.score_each(
         cfg,
         ["\\boxed{0.875}", "nothing", "Answer: 3"],
         ["7/8", "1", "3"],
@@ -54,10 +54,11 @@ def test_batch_scoring_counts_and_never_raises(monkeypatch):
         [4, 16, 8],
         16,
     )
-    assert [s.score for s in scores] == [1.0, 0.0, 0.0]
-    assert scores[2].error == "RuntimeError: grader bug"
-    assert rewards == pytest.approx([1.0, -1.0, 0.0])  # the second hit max_len: the full penalty
-    assert stats == {
+    assert [s.score.score for s in scored] == [1.0, 0.0, 0.0]
+    assert scored[2].score.error == "RuntimeError: grader bug"
+    # the second hit max_len: the full penalty
+    assert [s.reward for s in scored] == pytest.approx([1.0, -1.0, 0.0])
+    assert R.reward_metrics(cfg, scored) == {
         "reward/acc": pytest.approx(1 / 3),
         "reward/no_answer": 1.0,
         "reward/errors": 1.0,
