@@ -222,7 +222,7 @@ def sample_groups(
                 signal = [True] * len(groups)
                 if bool(rewards.isfinite().all()):
                     signal = (~zero_variance_groups(rewards, cfg.grpo.group_size)).tolist()
-                kept += [k for k, s in zip(zip(groups, exs, scored, strict=True), signal, strict=True) if s]
+                kept += [(g, e, sc) for g, e, sc, s in zip(groups, exs, scored, signal, strict=True) if s]
                 done = len(kept) >= want or batches >= fg.max_num_gen_batches
             else:
                 kept = list(zip(groups, exs, scored, strict=True))

@@ -159,13 +159,10 @@ def group_rewards(
 ) -> list[list[Scored]]:
     """Every completion scored by the reward, one list per group. Scored once, when sampled: dynamic
     sampling decides on these, and the step trains on the kept groups' (`batch_rewards`)."""
-    flat = [(c, e) for g, e in zip(groups, exs, strict=True) for c in g]
-    scored = _scored(cfg, tokenizer, [c for c, _ in flat], [e for _, e in flat], cfg.rollout.max_new_tokens)
-    out, at = [], 0
-    for g in groups:
-        out.append(scored[at : at + len(g)])
-        at += len(g)
-    return out
+    return [
+        _scored(cfg, tokenizer, g, [e] * len(g), cfg.rollout.max_new_tokens)
+        for g, e in zip(groups, exs, strict=True)
+    ]
 
 
 def batch_rewards(cfg: TrainConfig, scored: list[list[Scored]]) -> tuple[torch.Tensor, dict[str, float]]:
